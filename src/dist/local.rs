@@ -1,0 +1,199 @@
+//! The in-process backend: every rank is a thread of this process and the
+//! ranks meet in a shared [`World`]. Create one with [`super::spawn`].
+//!
+//! Try it: `cargo test --test dist`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tch::{Kind, Tensor};
+
+use super::world::{Call, Op, World};
+use super::{CommStats, DistError, ProcessGroup, ReduceOp, Work};
+
+/// One rank's handle on an in-process group.
+pub struct LocalProcessGroup {
+    rank: usize,
+    world: Arc<World>,
+    /// How many collectives this rank has started: the next call's number.
+    next_seq: AtomicU64,
+    stats: Mutex<CommStats>,
+}
+
+impl LocalProcessGroup {
+    pub(crate) fn new(rank: usize, world: Arc<World>) -> Self {
+        LocalProcessGroup { rank, world, next_seq: AtomicU64::new(0), stats: Mutex::default() }
+    }
+
+    fn count(&self, update: impl FnOnce(&mut CommStats)) {
+        update(&mut self.stats.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    fn invalid(&self, op: &str, detail: impl Into<String>) -> DistError {
+        DistError::Invalid { rank: self.rank, op: op.to_string(), detail: detail.into() }
+    }
+
+    /// Rejects tensors no rank could sensibly exchange, before any peer waits.
+    fn check_tensor(&self, op: &str, tensor: &Tensor) -> Result<(), DistError> {
+        if !tensor.defined() {
+            return Err(self.invalid(op, "the tensor is undefined (a gradient that was never computed?)"));
+        }
+        Ok(())
+    }
+
+    fn check_rank(&self, op: &str, what: &str, peer: usize) -> Result<(), DistError> {
+        if peer >= self.world.size {
+            let size = self.world.size;
+            return Err(self.invalid(op, format!("{what} {peer} is not a rank of a group of {size}")));
+        }
+        Ok(())
+    }
+
+    /// Joins the next collective and returns its number and its name for
+    /// error messages ("all_reduce(sum) of Float[4] (call #3)").
+    fn start(&self, op: Op, tensor: Option<&Tensor>, input: Option<Tensor>) -> (u64, String) {
+        let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
+        let call = Call {
+            op,
+            shape: tensor.map(Tensor::size).unwrap_or_default(),
+            kind: tensor.map(Tensor::kind),
+        };
+        let name = format!("{call} (call #{seq})");
+        self.world.arrive(self.rank, seq, call, input);
+        (seq, name)
+    }
+}
+
+fn bytes(tensor: &Tensor) -> u64 {
+    (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64
+}
+
+fn is_float(kind: Kind) -> bool {
+    matches!(kind, Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double)
+}
+
+impl ProcessGroup for LocalProcessGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world.size
+    }
+
+    fn backend(&self) -> &'static str {
+        "in-process"
+    }
+
+    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
+        self.check_tensor("broadcast", tensor)?;
+        self.check_rank("broadcast", "root", root)?;
+        self.count(|s| {
+            s.broadcast += 1;
+            s.collective_bytes += bytes(tensor);
+        });
+        let input = (self.rank == root).then(|| tensor.shallow_clone());
+        let (seq, name) = self.start(Op::Broadcast { root }, Some(tensor), input);
+        self.world.complete(self.rank, seq, &name, |shared| tensor.f_copy_(&shared[0]))
+    }
+
+    fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
+        self.check_tensor("all_reduce", tensor)?;
+        if op == ReduceOp::Avg && !is_float(tensor.kind()) {
+            let kind = tensor.kind();
+            return Err(self.invalid("all_reduce", format!("avg needs a floating-point tensor, got {kind:?}")));
+        }
+        self.count(|s| {
+            s.all_reduce += 1;
+            s.collective_bytes += bytes(tensor);
+        });
+        let (seq, name) = self.start(Op::AllReduce(op), Some(tensor), Some(tensor.shallow_clone()));
+        let (world, rank) = (self.world.clone(), self.rank);
+        let mut output = tensor.shallow_clone();
+        Ok(Work::new(move || world.complete(rank, seq, &name, |shared| output.f_copy_(&shared[0]))))
+    }
+
+    fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
+        self.check_tensor("all_gather", tensor)?;
+        self.count(|s| {
+            s.all_gather += 1;
+            s.collective_bytes += bytes(tensor);
+        });
+        let (seq, name) = self.start(Op::AllGather, Some(tensor), Some(tensor.shallow_clone()));
+        self.world.complete(self.rank, seq, &name, |shared| shared.iter().map(Tensor::f_detach_copy).collect())
+    }
+
+    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        self.check_tensor("reduce_scatter", tensor)?;
+        let size = self.world.size as i64;
+        let rows = tensor.size().first().copied().unwrap_or(0);
+        if tensor.dim() == 0 || rows % size != 0 {
+            let shape = tensor.size();
+            let detail = format!("dimension 0 of a {shape:?} tensor does not split into {size} equal chunks");
+            return Err(self.invalid("reduce_scatter", detail));
+        }
+        if op == ReduceOp::Avg && !is_float(tensor.kind()) {
+            let kind = tensor.kind();
+            return Err(self.invalid("reduce_scatter", format!("avg needs a floating-point tensor, got {kind:?}")));
+        }
+        self.count(|s| {
+            s.reduce_scatter += 1;
+            s.collective_bytes += bytes(tensor);
+        });
+        let (seq, name) = self.start(Op::ReduceScatter(op), Some(tensor), Some(tensor.shallow_clone()));
+        let rank = self.rank;
+        self.world.complete(rank, seq, &name, |shared| shared[rank].f_detach_copy())
+    }
+
+    fn barrier(&self) -> Result<(), DistError> {
+        self.count(|s| s.barrier += 1);
+        let (seq, name) = self.start(Op::Barrier, None, None);
+        self.world.complete(self.rank, seq, &name, |_| Ok(()))
+    }
+
+    fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
+        let op = format!("send to rank {dst}");
+        self.check_tensor(&op, tensor)?;
+        self.check_rank(&op, "destination", dst)?;
+        if dst == self.rank {
+            return Err(self.invalid(&op, "a rank cannot send to itself"));
+        }
+        // A copy, because the caller may overwrite its buffer as soon as we return.
+        let message = tch::no_grad(|| tensor.f_detach_copy())
+            .map_err(|source| DistError::Torch { rank: self.rank, op, source })?;
+        self.count(|s| {
+            s.send += 1;
+            s.p2p_bytes_sent += bytes(tensor);
+        });
+        self.world.post(self.rank, dst, message);
+        Ok(())
+    }
+
+    fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
+        let op = format!("recv from rank {src}");
+        self.check_tensor(&op, tensor)?;
+        self.check_rank(&op, "source", src)?;
+        if src == self.rank {
+            return Err(self.invalid(&op, "a rank cannot receive from itself"));
+        }
+        self.count(|s| s.recv += 1);
+        let message = self.world.take_message(src, self.rank, &op)?;
+        if message.size() != tensor.size() || message.kind() != tensor.kind() {
+            let detail = format!(
+                "rank {src} sent {:?}{:?} but rank {} receives into {:?}{:?}",
+                message.kind(),
+                message.size(),
+                self.rank,
+                tensor.kind(),
+                tensor.size()
+            );
+            return Err(DistError::Mismatch { rank: self.rank, op, detail });
+        }
+        tch::no_grad(|| tensor.f_copy_(&message))
+            .map_err(|source| DistError::Torch { rank: self.rank, op, source })
+    }
+
+    fn stats(&self) -> CommStats {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}

@@ -1,0 +1,140 @@
+//! The process-group layer: ranks, collectives and point-to-point messages on
+//! `tch` tensors, shaped after `torch.distributed`.
+//!
+//! Chapter code talks only to the [`ProcessGroup`] trait, so the same DDP runs
+//! on any backend. The in-process backend ([`spawn`]) runs every rank as a
+//! thread of this process; try it with `cargo test --test dist`.
+//!
+//! Rules every backend keeps:
+//! - no call blocks forever: each has a timeout, and a rank that panics,
+//!   errors or exits makes its peers' pending and later calls fail promptly
+//!   with a [`DistError`] that names that rank and the operation;
+//! - ranks that disagree (a different operation, shape, dtype or root for the
+//!   same call) get a [`DistError::Mismatch`] instead of a wrong answer;
+//! - reductions are deterministic: every rank receives bitwise the same result.
+
+mod error;
+mod world;
+mod local;
+mod spawn;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tch::Tensor;
+
+pub use error::DistError;
+pub use local::LocalProcessGroup;
+pub use spawn::{spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
+
+/// A shared handle to a process group, as chapter code holds it.
+pub type Group = Arc<dyn ProcessGroup>;
+
+/// The default time any call waits for its peers before it gives up.
+/// Override it per run with [`SpawnOptions::timeout`] or with the environment
+/// variable `DDP_TIMEOUT_SECS` (handy while stepping through a debugger).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How `all_reduce` and `reduce_scatter` combine the ranks' tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// The sum divided by the world size (floating-point tensors only).
+    Avg,
+    Min,
+    Max,
+    Product,
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Product => "product",
+        }
+    }
+}
+
+/// How many calls of each kind this rank made, and how many bytes it handed
+/// over. Tests use it to prove claims such as "one all-reduce per bucket".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommStats {
+    pub broadcast: u64,
+    pub all_reduce: u64,
+    pub all_gather: u64,
+    pub reduce_scatter: u64,
+    pub barrier: u64,
+    pub send: u64,
+    pub recv: u64,
+    /// Bytes of the tensors this rank passed into collectives.
+    pub collective_bytes: u64,
+    /// Bytes this rank sent with `send`.
+    pub p2p_bytes_sent: u64,
+}
+
+impl CommStats {
+    /// All collective calls together (point-to-point calls not included).
+    pub fn collectives(&self) -> u64 {
+        self.broadcast + self.all_reduce + self.all_gather + self.reduce_scatter + self.barrier
+    }
+}
+
+/// A collective that has been started but may not have finished: the result
+/// of [`ProcessGroup::all_reduce_async`]. Call [`Work::wait`] before reading
+/// the tensor, and do not modify the tensor until then.
+#[must_use = "the tensor holds its result only after wait() returns"]
+pub struct Work {
+    wait: Box<dyn FnOnce() -> Result<(), DistError> + Send>,
+}
+
+impl Work {
+    /// Wraps a backend's completion step; backends call this, users do not.
+    pub fn new(wait: impl FnOnce() -> Result<(), DistError> + Send + 'static) -> Self {
+        Work { wait: Box::new(wait) }
+    }
+
+    /// Blocks until the collective has finished and its result is in place.
+    pub fn wait(self) -> Result<(), DistError> {
+        (self.wait)()
+    }
+}
+
+/// A group of ranks that run collectives together (`torch.distributed`'s
+/// process group). Every rank must make the same calls in the same order.
+pub trait ProcessGroup: Send + Sync {
+    /// This process's index in the group, from 0 to `world_size() - 1`.
+    fn rank(&self) -> usize;
+    /// How many ranks the group has.
+    fn world_size(&self) -> usize;
+    /// The backend's name, for logs ("in-process", "mpi", "nccl").
+    fn backend(&self) -> &'static str;
+
+    /// Copies `root`'s tensor into `tensor` on every rank.
+    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError>;
+    /// Replaces `tensor` on every rank with the reduction of all ranks' tensors.
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
+        self.all_reduce_async(tensor, op)?.wait()
+    }
+    /// Starts an all-reduce and returns at once; the result lands in `tensor`
+    /// when the returned [`Work`] is waited on.
+    fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError>;
+    /// Every rank's `tensor`, in rank order, on every rank.
+    fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError>;
+    /// Splits `tensor` along dimension 0 into `world_size` equal chunks,
+    /// reduces chunk `i` across ranks, and returns it to rank `i`.
+    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError>;
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<(), DistError>;
+    /// Sends a copy of `tensor` to rank `dst`. Sends are buffered, so this
+    /// returns without waiting for the matching `recv`.
+    fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError>;
+    /// Receives the next tensor that rank `src` sent to this rank into
+    /// `tensor`, which must have the same shape and dtype.
+    fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError>;
+
+    /// What this rank has sent so far.
+    fn stats(&self) -> CommStats;
+}
