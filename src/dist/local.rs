@@ -3,15 +3,19 @@
 //!
 //! Try it: `cargo test --test dist`.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tch::{Kind, Tensor};
 
-use super::world::{Call, Op, World};
-use super::{CommStats, DistError, ProcessGroup, ReduceOp, Work};
+use super::call::{Call, Op};
+use super::world::World;
+use super::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 
-/// One rank's handle on an in-process group.
+/// One rank's handle on an in-process group (the whole world that `spawn`
+/// made, or a sub-group made with `new_group`). Each handle counts its own
+/// calls in [`CommStats`].
 pub struct LocalProcessGroup {
     rank: usize,
     world: Arc<World>,
@@ -50,15 +54,12 @@ impl LocalProcessGroup {
     }
 
     /// Joins the next collective and returns its number and its name for
-    /// error messages ("all_reduce(sum) of Float[4] (call #3)").
+    /// error messages ("all_reduce(sum) of Float[4] (call #3 of sub-group [2, 3])").
     fn start(&self, op: Op, tensor: Option<&Tensor>, input: Option<Tensor>) -> (u64, String) {
         let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
-        let call = Call {
-            op,
-            shape: tensor.map(Tensor::size).unwrap_or_default(),
-            kind: tensor.map(Tensor::kind),
-        };
-        let name = format!("{call} (call #{seq})");
+        let call =
+            Call { op, shape: tensor.map(Tensor::size).unwrap_or_default(), kind: tensor.map(Tensor::kind) };
+        let name = format!("{call} (call #{seq}{})", self.world.label);
         self.world.arrive(self.rank, seq, call, input);
         (seq, name)
     }
@@ -101,7 +102,9 @@ impl ProcessGroup for LocalProcessGroup {
         self.check_tensor("all_reduce", tensor)?;
         if op == ReduceOp::Avg && !is_float(tensor.kind()) {
             let kind = tensor.kind();
-            return Err(self.invalid("all_reduce", format!("avg needs a floating-point tensor, got {kind:?}")));
+            return Err(
+                self.invalid("all_reduce", format!("avg needs a floating-point tensor, got {kind:?}"))
+            );
         }
         self.count(|s| {
             s.all_reduce += 1;
@@ -120,7 +123,8 @@ impl ProcessGroup for LocalProcessGroup {
             s.collective_bytes += bytes(tensor);
         });
         let (seq, name) = self.start(Op::AllGather, Some(tensor), Some(tensor.shallow_clone()));
-        self.world.complete(self.rank, seq, &name, |shared| shared.iter().map(Tensor::f_detach_copy).collect())
+        self.world
+            .complete(self.rank, seq, &name, |shared| shared.iter().map(Tensor::f_detach_copy).collect())
     }
 
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
@@ -134,7 +138,9 @@ impl ProcessGroup for LocalProcessGroup {
         }
         if op == ReduceOp::Avg && !is_float(tensor.kind()) {
             let kind = tensor.kind();
-            return Err(self.invalid("reduce_scatter", format!("avg needs a floating-point tensor, got {kind:?}")));
+            return Err(
+                self.invalid("reduce_scatter", format!("avg needs a floating-point tensor, got {kind:?}"))
+            );
         }
         self.count(|s| {
             s.reduce_scatter += 1;
@@ -159,14 +165,16 @@ impl ProcessGroup for LocalProcessGroup {
             return Err(self.invalid(&op, "a rank cannot send to itself"));
         }
         // A copy, because the caller may overwrite its buffer as soon as we return.
-        let message = tch::no_grad(|| tensor.f_detach_copy())
-            .map_err(|source| DistError::Torch { rank: self.rank, op, source })?;
+        let message = tch::no_grad(|| tensor.f_detach_copy()).map_err(|source| DistError::Torch {
+            rank: self.rank,
+            op: op.clone(),
+            source,
+        })?;
         self.count(|s| {
             s.send += 1;
             s.p2p_bytes_sent += bytes(tensor);
         });
-        self.world.post(self.rank, dst, message);
-        Ok(())
+        self.world.post(self.rank, dst, message, &op)
     }
 
     fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
@@ -189,8 +197,37 @@ impl ProcessGroup for LocalProcessGroup {
             );
             return Err(DistError::Mismatch { rank: self.rank, op, detail });
         }
-        tch::no_grad(|| tensor.f_copy_(&message))
-            .map_err(|source| DistError::Torch { rank: self.rank, op, source })
+        tch::no_grad(|| tensor.f_copy_(&message)).map_err(|source| DistError::Torch {
+            rank: self.rank,
+            op,
+            source,
+        })
+    }
+
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Group>, DistError> {
+        // Agree first, so that ranks passing different lists all get a
+        // Mismatch (the list is part of the call) instead of diverging.
+        let (seq, name) = self.start(Op::NewGroup(ranks.to_vec()), None, None);
+        self.world.complete(self.rank, seq, &name, |_| Ok(()))?;
+        // Every rank now checks the same list, so every rank reaches the same verdict.
+        let size = self.world.size;
+        let mut seen = HashSet::new();
+        let problem = if ranks.is_empty() {
+            Some("the list of ranks is empty".to_string())
+        } else if let Some(bad) = ranks.iter().find(|&&r| r >= size) {
+            Some(format!("rank {bad} is not a rank of a group of {size}"))
+        } else {
+            ranks.iter().find(|&&r| !seen.insert(r)).map(|dup| format!("rank {dup} is listed twice"))
+        };
+        if let Some(problem) = problem {
+            return Err(self.invalid(&name, format!("{problem}; pass distinct ranks in 0..{size}")));
+        }
+        let Some(sub_rank) = ranks.iter().position(|&r| r == self.rank) else {
+            return Ok(None);
+        };
+        // The call number is the same on every rank: the members find the same world.
+        let world = self.world.sub_group(seq, ranks);
+        Ok(Some(Arc::new(LocalProcessGroup::new(sub_rank, world))))
     }
 
     fn stats(&self) -> CommStats {

@@ -13,10 +13,11 @@
 //!   same call) get a [`DistError::Mismatch`] instead of a wrong answer;
 //! - reductions are deterministic: every rank receives bitwise the same result.
 
+mod call;
 mod error;
-mod world;
 mod local;
 mod spawn;
+mod world;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,14 +26,15 @@ use tch::Tensor;
 
 pub use error::DistError;
 pub use local::LocalProcessGroup;
-pub use spawn::{spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
+pub use spawn::{parse_timeout_secs, spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
 
 /// A shared handle to a process group, as chapter code holds it.
 pub type Group = Arc<dyn ProcessGroup>;
 
 /// The default time any call waits for its peers before it gives up.
 /// Override it per run with [`SpawnOptions::timeout`] or with the environment
-/// variable `DDP_TIMEOUT_SECS` (handy while stepping through a debugger).
+/// variable `DDP_TIMEOUT_SECS`, in seconds (handy while stepping through a
+/// debugger): `DDP_TIMEOUT_SECS=600 cargo test --test chapter_03`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How `all_reduce` and `reduce_scatter` combine the ranks' tensors.
@@ -102,6 +104,7 @@ impl Work {
     }
 }
 
+// ANCHOR: process_group
 /// A group of ranks that run collectives together (`torch.distributed`'s
 /// process group). Every rank must make the same calls in the same order.
 pub trait ProcessGroup: Send + Sync {
@@ -135,6 +138,19 @@ pub trait ProcessGroup: Send + Sync {
     /// `tensor`, which must have the same shape and dtype.
     fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError>;
 
-    /// What this rank has sent so far.
+    /// Makes a sub-group of the ranks listed (`torch.distributed.new_group`).
+    /// Every rank of this group must call it, with the same list, at the same
+    /// point of its program. Members get `Some(group)`, in which they are
+    /// renumbered 0, 1, ... in the order of `ranks`; the others get `None`.
+    /// Collectives in the sub-group involve its members only.
+    ///
+    /// The default says that the backend has no sub-groups.
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Group>, DistError> {
+        let detail = format!("the {} backend cannot make sub-groups (asked for {ranks:?})", self.backend());
+        Err(DistError::Invalid { rank: self.rank(), op: "new_group".into(), detail })
+    }
+
+    /// What this rank has sent so far through this group handle.
     fn stats(&self) -> CommStats;
 }
+// ANCHOR_END: process_group

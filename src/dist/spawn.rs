@@ -33,13 +33,21 @@ pub struct SpawnOptions {
 
 impl SpawnOptions {
     /// `world_size` ranks, with the timeout from `DDP_TIMEOUT_SECS` if that
-    /// is set, else [`DEFAULT_TIMEOUT`].
+    /// is set (and not empty), else [`DEFAULT_TIMEOUT`].
+    ///
+    /// # Panics
+    /// If `DDP_TIMEOUT_SECS` is set to something other than a positive number
+    /// of seconds: a typo there should not silently mean the default.
     pub fn new(world_size: usize) -> Self {
-        let timeout = std::env::var("DDP_TIMEOUT_SECS")
-            .ok()
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .filter(|secs| secs.is_finite() && *secs > 0.0)
-            .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64);
+        let timeout = match std::env::var("DDP_TIMEOUT_SECS") {
+            Err(std::env::VarError::NotPresent) => DEFAULT_TIMEOUT,
+            Ok(text) if text.trim().is_empty() => DEFAULT_TIMEOUT,
+            Ok(text) => parse_timeout_secs(&text)
+                .unwrap_or_else(|problem| panic!("DDP_TIMEOUT_SECS={text:?}: {problem}; fix it or unset it")),
+            Err(std::env::VarError::NotUnicode(text)) => {
+                panic!("DDP_TIMEOUT_SECS={text:?} is not text; set it to a number of seconds or unset it")
+            }
+        };
         SpawnOptions { world_size, timeout }
     }
 
@@ -47,6 +55,20 @@ impl SpawnOptions {
         self.timeout = timeout;
         self
     }
+}
+
+/// Reads a timeout written in seconds, as `DDP_TIMEOUT_SECS` holds it:
+/// `"120"` or `" 0.5 "` give a [`Duration`]; `"0"`, `"-3"`, `"inf"`, `"5m"` or
+/// an absurdly large number give an error that says what is wrong.
+pub fn parse_timeout_secs(text: &str) -> Result<Duration, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds (write it like 120 or 0.5)"))?;
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("a timeout must be a positive, finite number of seconds, got {text:?}"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{text:?} seconds is too long for a timeout"))
 }
 
 /// How one rank failed.
@@ -118,7 +140,7 @@ where
     if size == 0 {
         return Err(SpawnError::NoRanks(size));
     }
-    let world = Arc::new(World::new(size, options.timeout));
+    let world = Arc::new(World::new(size, options.timeout, String::new()));
     let failures = Mutex::new(Vec::new());
     let results: Vec<Option<T>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..size)

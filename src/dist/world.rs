@@ -1,63 +1,32 @@
 //! The meeting place of the in-process backend: the state that every rank
-//! thread of one `spawn` shares.
+//! thread of one group shares. Try it: `cargo test --test dist`.
 //!
 //! Each rank numbers its collective calls 0, 1, 2, ...; call number `seq` of
 //! every rank meets in the same [`Slot`]. The last rank to arrive computes the
 //! result once, in rank order, so every rank receives bitwise the same values.
-//! Every wait re-checks three things whenever anything changes: has the result
-//! arrived, has a rank this call still needs left the group, has the deadline
-//! passed. That is why no call can hang forever.
+//! Every wait re-checks, whenever anything changes: has the result arrived,
+//! has a rank this call still needs left the group, has the deadline passed.
+//! That is why no call can hang forever.
+//!
+//! Either every rank gets the result of a call, or every rank gets an error:
+//! a rank that times out marks the slot abandoned, so that a rank arriving
+//! later fails at once instead of receiving a result its peers never saw.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
-use super::{DistError, ReduceOp};
+use super::call::{compute, Call, Outcome, Slot};
+use super::DistError;
 
-/// Which collective a rank asked for; compared across ranks.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Op {
-    Broadcast { root: usize },
-    AllReduce(ReduceOp),
-    AllGather,
-    ReduceScatter(ReduceOp),
-    Barrier,
-}
-
-/// One rank's side of a collective: what it asked for and on what tensor.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Call {
-    pub op: Op,
-    pub shape: Vec<i64>,
-    pub kind: Option<Kind>,
-}
-
-impl std::fmt::Display for Call {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.op {
-            Op::Broadcast { root } => write!(f, "broadcast(root={root})")?,
-            Op::AllReduce(op) => write!(f, "all_reduce({})", op.name())?,
-            Op::AllGather => write!(f, "all_gather")?,
-            Op::ReduceScatter(op) => write!(f, "reduce_scatter({})", op.name())?,
-            Op::Barrier => return write!(f, "barrier"),
-        }
-        match self.kind {
-            Some(kind) => write!(f, " of {kind:?}{:?}", self.shape),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Call number `seq` as all ranks see it.
-struct Slot {
-    first: Option<(usize, Call)>,
-    inputs: Vec<Option<Tensor>>,
-    arrived: Vec<bool>,
-    /// Set once: the shared result, or why the ranks disagree.
-    outcome: Option<Result<Vec<Tensor>, String>>,
-    collected: usize,
+/// A sub-group created from this world: its members (ranks of this world,
+/// in their sub-group order) and its own world.
+struct SubGroup {
+    members: Vec<usize>,
+    world: Arc<World>,
 }
 
 #[derive(Default)]
@@ -66,69 +35,114 @@ struct State {
     mailboxes: HashMap<(usize, usize), VecDeque<Tensor>>,
     /// Why each rank left the group, once it has.
     gone: Vec<Option<String>>,
+    /// Keyed by the number of the collective call that agreed on it.
+    sub_groups: HashMap<u64, SubGroup>,
 }
 
 pub(crate) struct World {
     pub size: usize,
     pub timeout: Duration,
+    /// Appended to call names in errors: "" or " of sub-group [2, 3]".
+    pub label: String,
     state: Mutex<State>,
     changed: Condvar,
 }
 
 impl World {
-    pub fn new(size: usize, timeout: Duration) -> Self {
+    pub fn new(size: usize, timeout: Duration, label: String) -> Self {
         let state = State { gone: vec![None; size], ..State::default() };
-        World { size, timeout, state: Mutex::new(state), changed: Condvar::new() }
+        World { size, timeout, label, state: Mutex::new(state), changed: Condvar::new() }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while the lock is held cannot leave the state half-written
-        // in a way that matters here, so a poisoned lock is still usable.
+        // Only plain bookkeeping runs under this lock (tensor work and user
+        // code run outside it), so a poisoned lock can only come from a bug
+        // in an update that cannot leave the state half-written.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records that `rank` has left (finished, failed or panicked) and wakes
-    /// every waiter so that calls that still need it fail now.
+    /// Records that `rank` has left (finished, failed or panicked), wakes
+    /// every waiter so that calls that still need it fail now, and tells
+    /// every sub-group that `rank` is a member of. The first reason stays.
     pub fn leave(&self, rank: usize, reason: String) {
-        self.lock().gone[rank] = Some(reason);
+        let sub_groups: Vec<(usize, Arc<World>)> = {
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            if state.gone[rank].is_some() {
+                return;
+            }
+            state.gone[rank] = Some(reason.clone());
+            // Nobody will read messages sent to `rank` any more.
+            state.mailboxes.retain(|&(_, dst), _| dst != rank);
+            let gone = &state.gone;
+            state.slots.retain(|_, slot| !slot.finished(gone));
+            state
+                .sub_groups
+                .values()
+                .filter_map(|g| g.members.iter().position(|&m| m == rank).map(|i| (i, g.world.clone())))
+                .collect()
+        };
         self.changed.notify_all();
+        for (sub_rank, world) in sub_groups {
+            world.leave(sub_rank, format!("(rank {rank} of the parent group) {reason}"));
+        }
     }
 
     /// Puts `rank`'s side of collective `seq` on the table. The rank that
-    /// completes the slot computes the shared result.
+    /// completes the slot computes the shared result, outside the lock so
+    /// that other slots and messages are not held up meanwhile.
     pub fn arrive(&self, rank: usize, seq: u64, call: Call, input: Option<Tensor>) {
         let mut state = self.lock();
-        let size = self.size;
-        let slot = state.slots.entry(seq).or_insert_with(|| Slot {
-            first: None,
-            inputs: (0..size).map(|_| None).collect(),
-            arrived: vec![false; size],
-            outcome: None,
-            collected: 0,
-        });
+        let slot = state.slots.entry(seq).or_insert_with(|| Slot::new(self.size));
+        slot.arrived[rank] = true;
+        slot.late[rank] = slot.abandoned.is_some();
         match &slot.first {
+            None => slot.first = Some((rank, call.clone())),
             Some((first_rank, first_call)) if *first_call != call && slot.outcome.is_none() => {
-                slot.outcome = Some(Err(format!(
+                let detail = format!(
                     "rank {first_rank} called {first_call} but rank {rank} called {call} \
-                     as collective call #{seq}"
-                )));
+                     as collective call #{seq}{}",
+                    self.label
+                );
+                slot.outcome = Some(Outcome::Mismatch(detail));
             }
             Some(_) => {}
-            None => slot.first = Some((rank, call.clone())),
         }
-        slot.arrived[rank] = true;
-        slot.inputs[rank] = input;
+        if slot.outcome.is_some() || slot.abandoned.is_some() {
+            slot.inputs.iter_mut().for_each(|input| *input = None);
+        } else {
+            slot.inputs[rank] = input;
+        }
         if slot.outcome.is_none() && slot.arrived.iter().all(|&a| a) {
-            let inputs: Vec<Tensor> = slot.inputs.iter_mut().filter_map(Option::take).collect();
-            let result = tch::no_grad(|| compute(&call.op, &inputs, size));
-            slot.outcome = Some(result.map_err(|e| format!("libtorch failed: {e}")));
+            if let Some((by, reason)) = slot.abandoned.clone() {
+                slot.outcome = Some(Outcome::Abandoned { by, reason });
+            } else {
+                slot.computing = true;
+                let inputs: Vec<Tensor> = slot.inputs.iter_mut().filter_map(Option::take).collect();
+                drop(state);
+                // compute() reports libtorch errors as values; catch_unwind
+                // turns a bug-panic into an error too, so waiters always wake.
+                let result =
+                    catch_unwind(AssertUnwindSafe(|| tch::no_grad(|| compute(&call.op, &inputs, self.size))));
+                let outcome = match result {
+                    Ok(Ok(shared)) => Outcome::Shared(shared),
+                    Ok(Err(error)) => Outcome::TorchFailed(error.to_string()),
+                    Err(_) => Outcome::TorchFailed("computing the result panicked".into()),
+                };
+                state = self.lock();
+                // The slot is still there: this rank is neither done nor gone.
+                if let Some(slot) = state.slots.get_mut(&seq) {
+                    slot.computing = false;
+                    slot.outcome = Some(outcome);
+                }
+            }
         }
         drop(state);
         self.changed.notify_all();
     }
 
     /// Waits for collective `seq` to finish and hands `take` the shared result
-    /// so that it can copy out this rank's part.
+    /// so that it can copy out this rank's part (outside the lock).
     pub fn complete<T>(
         &self,
         rank: usize,
@@ -136,110 +150,133 @@ impl World {
         op_name: &str,
         take: impl FnOnce(&[Tensor]) -> Result<T, tch::TchError>,
     ) -> Result<T, DistError> {
-        let deadline = Instant::now() + self.timeout;
-        let mut state = self.lock();
+        let op = || op_name.to_string();
+        let deadline = Instant::now().checked_add(self.timeout);
+        let mut guard = self.lock();
         loop {
-            let slot = state.slots.get_mut(&seq).expect("arrive() creates the slot first");
-            if let Some(outcome) = &slot.outcome {
-                let result = match outcome {
-                    Ok(shared) => tch::no_grad(|| take(shared)).map_err(|source| {
-                        DistError::Torch { rank, op: op_name.to_string(), source }
-                    }),
-                    Err(detail) => Err(DistError::Mismatch {
-                        rank,
-                        op: op_name.to_string(),
-                        detail: detail.clone(),
-                    }),
-                };
-                slot.collected += 1;
-                if slot.collected == self.size {
-                    state.slots.remove(&seq);
+            let state = &mut *guard;
+            let Some(slot) = state.slots.get_mut(&seq) else {
+                // Only possible after this rank has left the group.
+                let detail = "this rank left the group before waiting for this call \
+                              (was a Work handle kept after spawn returned?)";
+                return Err(DistError::Invalid { rank, op: op(), detail: detail.into() });
+            };
+            let shared = match (&slot.outcome, &slot.abandoned) {
+                // Shallow handles: the copy below runs without the lock.
+                (Some(Outcome::Shared(shared)), _) => {
+                    Ok(shared.iter().map(Tensor::shallow_clone).collect::<Vec<_>>())
                 }
-                return result;
-            }
-            let missing: Vec<usize> = (0..self.size).filter(|&r| !slot.arrived[r]).collect();
-            if let Some(&peer) = missing.iter().find(|&&r| state.gone[r].is_some()) {
-                let reason = state.gone[peer].clone().unwrap_or_default();
-                return Err(DistError::PeerGone { rank, op: op_name.to_string(), peer, reason });
-            }
-            state = match deadline.checked_duration_since(Instant::now()) {
-                Some(left) if !left.is_zero() => self.wait(state, left),
-                _ => {
-                    let waited = self.timeout;
-                    return Err(DistError::Timeout { rank, op: op_name.to_string(), missing, waited });
+                (Some(Outcome::Mismatch(detail)), _) => {
+                    Err(DistError::Mismatch { rank, op: op(), detail: detail.clone() })
+                }
+                (Some(Outcome::TorchFailed(message)), _) => {
+                    Err(DistError::Torch { rank, op: op(), source: tch::TchError::Torch(message.clone()) })
+                }
+                (Some(Outcome::Abandoned { by, reason }), _) => {
+                    Err(DistError::PeerGone { rank, op: op(), peer: *by, reason: reason.clone() })
+                }
+                (None, _) if slot.computing => {
+                    // Every rank is here and the result is moments away.
+                    guard = self.wait(guard, None);
+                    continue;
+                }
+                (None, abandoned) => {
+                    let missing: Vec<usize> = (0..self.size).filter(|&r| !slot.arrived[r]).collect();
+                    // A departed peer is the root cause: name it first.
+                    let error = if let Some(&peer) = missing.iter().find(|&&r| state.gone[r].is_some()) {
+                        let reason = state.gone[peer].clone().unwrap_or_default();
+                        DistError::PeerGone { rank, op: op(), peer, reason }
+                    } else if let (Some((by, reason)), true) = (abandoned, slot.late[rank]) {
+                        // This rank came after a peer gave up: waiting cannot help.
+                        DistError::PeerGone { rank, op: op(), peer: *by, reason: reason.clone() }
+                    } else if deadline.is_some_and(|d| Instant::now() >= d) {
+                        let waited = self.timeout;
+                        // Ranks that arrive later must fail at once, not get a
+                        // result that this rank never saw.
+                        let reason =
+                            format!("gave up on this call after waiting {waited:?} for rank(s) {missing:?}");
+                        slot.abandoned.get_or_insert((rank, reason));
+                        DistError::Timeout { rank, op: op(), missing, waited }
+                    } else {
+                        guard = self.wait(guard, deadline);
+                        continue;
+                    };
+                    // This call can no longer succeed: free the inputs now.
+                    slot.inputs.iter_mut().for_each(|input| *input = None);
+                    Err(error)
                 }
             };
+            slot.done[rank] = true;
+            if slot.finished(&state.gone) {
+                state.slots.remove(&seq);
+            }
+            drop(guard);
+            let shared = shared?;
+            return tch::no_grad(|| take(&shared)).map_err(|source| DistError::Torch {
+                rank,
+                op: op(),
+                source,
+            });
         }
     }
 
-    /// Queues a message from `src` to `dst`.
-    pub fn post(&self, src: usize, dst: usize, message: Tensor) {
-        self.lock().mailboxes.entry((src, dst)).or_default().push_back(message);
+    /// Queues a message from `src` to `dst`, unless `dst` has left.
+    pub fn post(&self, src: usize, dst: usize, message: Tensor, op_name: &str) -> Result<(), DistError> {
+        let mut state = self.lock();
+        if let Some(reason) = state.gone[dst].clone() {
+            return Err(DistError::PeerGone { rank: src, op: op_name.to_string(), peer: dst, reason });
+        }
+        state.mailboxes.entry((src, dst)).or_default().push_back(message);
+        drop(state);
         self.changed.notify_all();
+        Ok(())
     }
 
     /// Takes the oldest message from `src` to `dst`, waiting for one to come.
+    /// Messages that `src` sent before it left are still delivered.
     pub fn take_message(&self, src: usize, dst: usize, op_name: &str) -> Result<Tensor, DistError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now().checked_add(self.timeout);
         let mut state = self.lock();
         loop {
             if let Some(message) = state.mailboxes.get_mut(&(src, dst)).and_then(VecDeque::pop_front) {
                 return Ok(message);
             }
+            let op = op_name.to_string();
             if let Some(reason) = state.gone[src].clone() {
-                return Err(DistError::PeerGone { rank: dst, op: op_name.to_string(), peer: src, reason });
+                return Err(DistError::PeerGone { rank: dst, op, peer: src, reason });
             }
-            state = match deadline.checked_duration_since(Instant::now()) {
-                Some(left) if !left.is_zero() => self.wait(state, left),
-                _ => {
-                    let (op, waited) = (op_name.to_string(), self.timeout);
-                    return Err(DistError::Timeout { rank: dst, op, missing: vec![src], waited });
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(DistError::Timeout { rank: dst, op, missing: vec![src], waited: self.timeout });
+            }
+            state = self.wait(state, deadline);
+        }
+    }
+
+    /// The world of the sub-group agreed on in collective call `key`, made by
+    /// the first member to ask. Members ask before `new_group` returns, so
+    /// before they can leave: `leave` always finds the sub-group here.
+    pub fn sub_group(&self, key: u64, members: &[usize]) -> Arc<World> {
+        let mut state = self.lock();
+        let entry = state.sub_groups.entry(key).or_insert_with(|| {
+            let label = format!(" of sub-group {members:?}{}", self.label);
+            let world = Arc::new(World::new(members.len(), self.timeout, label));
+            SubGroup { members: members.to_vec(), world }
+        });
+        entry.world.clone()
+    }
+
+    /// Sleeps until something changes or the deadline passes (spurious
+    /// wake-ups are fine: every caller re-checks in a loop).
+    fn wait<'a>(&self, state: MutexGuard<'a, State>, deadline: Option<Instant>) -> MutexGuard<'a, State> {
+        match deadline {
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.changed.wait_timeout(state, left) {
+                    Ok((state, _)) => state,
+                    Err(poisoned) => poisoned.into_inner().0,
                 }
-            };
+            }
+            None => self.changed.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner()),
         }
     }
-
-    fn wait<'a>(&self, state: MutexGuard<'a, State>, left: Duration) -> MutexGuard<'a, State> {
-        match self.changed.wait_timeout(state, left) {
-            Ok((state, _)) => state,
-            Err(poisoned) => poisoned.into_inner().0,
-        }
-    }
-}
-
-/// The shared result of a collective, computed once from the inputs of the
-/// ranks that supplied one, always in rank order.
-fn compute(op: &Op, inputs: &[Tensor], size: usize) -> Result<Vec<Tensor>, tch::TchError> {
-    Ok(match op {
-        Op::Broadcast { .. } => vec![inputs[0].f_detach_copy()?],
-        Op::AllReduce(reduce) => vec![reduce_in_rank_order(inputs, *reduce, size)?],
-        Op::AllGather => inputs.iter().map(Tensor::f_detach_copy).collect::<Result<_, _>>()?,
-        Op::ReduceScatter(reduce) => {
-            let chunks: Vec<Vec<Tensor>> =
-                inputs.iter().map(|t| t.f_chunk(size as i64, 0)).collect::<Result<_, _>>()?;
-            (0..size)
-                .map(|i| {
-                    let column: Vec<Tensor> = chunks.iter().map(|c| c[i].shallow_clone()).collect();
-                    reduce_in_rank_order(&column, *reduce, size)
-                })
-                .collect::<Result<_, _>>()?
-        }
-        Op::Barrier => vec![],
-    })
-}
-
-fn reduce_in_rank_order(inputs: &[Tensor], op: ReduceOp, size: usize) -> Result<Tensor, tch::TchError> {
-    let mut acc = inputs[0].f_detach_copy()?;
-    for x in &inputs[1..] {
-        acc = match op {
-            ReduceOp::Sum | ReduceOp::Avg => acc.f_add(x)?,
-            ReduceOp::Min => acc.f_minimum(x)?,
-            ReduceOp::Max => acc.f_maximum(x)?,
-            ReduceOp::Product => acc.f_mul(x)?,
-        };
-    }
-    if op == ReduceOp::Avg {
-        acc = acc.f_div_scalar(size as f64)?;
-    }
-    Ok(acc)
 }

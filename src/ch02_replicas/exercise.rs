@@ -1,0 +1,35 @@
+//! Chapter 02 exercise: check that every rank holds the same tensors as
+//! rank 0, and make every rank fail together if not. This is the file you edit.
+//!
+//! Check your work: `cargo test --test chapter_02`
+//!
+//! `SimpleDistributedDataParallelism::new` in `mod.rs` calls your function
+//! twice, on the model's parameters and on its buffers, after it has checked
+//! that every rank has the same names, shapes and dtypes in the same order.
+
+use tch::Tensor;
+
+use super::InitError;
+use crate::dist::ProcessGroup;
+
+// ANCHOR: stub
+/// Compares each tensor of `named` with rank 0's copy. Returns
+/// [`InitError::ReplicaMismatch`] on every rank, at the first tensor where any
+/// rank differs; leaves every tensor unchanged.
+#[allow(unused_variables)] // delete this line once you use the arguments
+pub fn verify_replicas(pg: &dyn ProcessGroup, named: &[(String, Tensor)]) -> Result<(), InitError> {
+    // TODO: for each (name, tensor) in `named`, in order:
+    //   1. make a copy, `tensor.detach().copy()`, and broadcast rank 0's values
+    //      into it (`pg.broadcast(&mut copy, 0)?`). Do not broadcast into
+    //      `tensor` itself: you would overwrite what you want to compare.
+    //   2. this rank's difference: `crate::check::max_abs_diff(tensor, &copy)`.
+    //   3. share it: `pg.all_gather(&Tensor::from(diff))?` gives every rank
+    //      every rank's difference (read one with `.double_value(&[])`).
+    //   4. if any rank's difference is not 0, return
+    //      `Err(InitError::ReplicaMismatch { parameter, max_abs_diff, differing_ranks })`
+    //      with the tensor's name, the largest difference and the ranks that differ.
+    // Every rank takes the same decision from the same gathered numbers, so
+    // all ranks fail at the same tensor and none waits for a peer that left.
+    todo!("exercise ch02: verify_replicas in src/ch02_replicas/exercise.rs")
+}
+// ANCHOR_END: stub
