@@ -22,3 +22,6 @@ pub mod check;
 pub mod ch01_collectives;
 pub mod ch02_replicas;
 pub mod ch03_averaging;
+pub mod ch04_accumulation;
+pub mod ch05_bucketing;
+pub mod ch06_sharding;

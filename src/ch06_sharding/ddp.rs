@@ -1,0 +1,316 @@
+//! Chapter 06, already solved: the whole `SimpleDistributedDataParallelism`,
+//! assembled from the reference code of chapters 2 to 5, plus a clock on the
+//! gradient sync. This is the wrapper that a real training run uses
+//! (`examples/train.rs`).
+//!
+//! Its tests: `cargo test --features solutions --test chapter_06`
+//!
+//! What comes from where:
+//! - construction: chapter 2's structure check and `verify_replicas`;
+//! - the layout and the sync: chapter 5's `plan_buckets` and `sync_bucket`,
+//!   one all-reduce per bucket;
+//! - `backward` and `no_sync`: chapter 4's switch. Chapter 4's `NoSyncGuard`
+//!   can only be built by chapter 4's wrapper (its fields are private), so
+//!   this file has its own guard, around chapter 4's `begin_no_sync`.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use tch::nn::{self, Module};
+use tch::Tensor;
+
+use crate::ch02_replicas::check_same_structure;
+use crate::ch02_replicas::solution::verify_replicas;
+use crate::ch04_accumulation::solution::begin_no_sync;
+use crate::ch05_bucketing::layout::{self, Bucket, ParamMeta};
+use crate::ch05_bucketing::solution::{plan_buckets, sync_bucket};
+use crate::ch05_bucketing::{BucketingError, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES};
+use crate::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp};
+use crate::models::{named_buffers, named_parameters};
+
+// ANCHOR: wrapper
+/// A model replicated on every rank of a process group, with everything the
+/// chapters built: replicas checked at construction, gradients averaged in
+/// buckets (one all-reduce per bucket) by [`backward`](Self::backward),
+/// except inside a [`no_sync`](Self::no_sync) scope, and a clock on the
+/// time spent doing so.
+pub struct SimpleDistributedDataParallelism<M: Module> {
+    module: M,
+    /// Trainable tensors, in registration order (shallow handles: they share
+    /// storage, and `.grad()`, with the model).
+    parameters: Vec<(String, Tensor)>,
+    /// Non-trainable tensors (buffers), sorted by name.
+    buffers: Vec<(String, Tensor)>,
+    process_group: Group,
+    /// The layout, planned once; the same on every rank.
+    buckets: Vec<Bucket>,
+    /// One flat buffer per bucket, `[bucket.numel]`, allocated once.
+    bucket_buffers: Vec<Tensor>,
+    /// Whether `backward` averages the gradients (chapter 4's switch).
+    require_backward_grad_sync: Cell<bool>,
+    /// Wall time spent in gradient syncs, and how many there were.
+    sync_time: Cell<Duration>,
+    syncs: Cell<u64>,
+}
+// ANCHOR_END: wrapper
+
+impl<M: Module> SimpleDistributedDataParallelism<M> {
+    /// Wraps `module` with PyTorch's default caps: 1 MiB for the first bucket
+    /// of each dtype and device, 25 MiB for the others.
+    pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, BucketingError> {
+        Self::with_bucket_caps(module, vs, pg, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES)
+    }
+
+    /// Wraps `module`, whose variables live in `vs`, after checking that every
+    /// rank of `pg` holds bitwise the same parameters and buffers, and plans
+    /// its buckets with these caps, in bytes. Every rank must call it, with
+    /// the same caps; on a problem every rank gets the same error.
+    pub fn with_bucket_caps(
+        module: M,
+        vs: &nn::VarStore,
+        pg: Group,
+        cap_bytes: usize,
+        first_cap_bytes: usize,
+    ) -> Result<Self, BucketingError> {
+        if cap_bytes == 0 || first_cap_bytes == 0 {
+            let what = if cap_bytes == 0 { "the bucket cap" } else { "the first bucket's cap" };
+            return Err(BucketingError::InvalidCap { what, bytes: 0 });
+        }
+        let parameters = named_parameters(vs);
+        let buffers = named_buffers(vs);
+        check_same_structure(pg.as_ref(), &parameters, "parameters")?;
+        verify_replicas(pg.as_ref(), &parameters)?;
+        check_same_structure(pg.as_ref(), &buffers, "buffers")?;
+        verify_replicas(pg.as_ref(), &buffers)?;
+
+        let metas = ParamMeta::of(&parameters);
+        let buckets = plan_buckets(&metas, cap_bytes, first_cap_bytes);
+        layout::check_plan(&metas, &buckets).map_err(BucketingError::BadPlan)?;
+        check_same_layout(pg.as_ref(), cap_bytes, first_cap_bytes, &buckets)?;
+        let bucket_buffers =
+            buckets.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
+
+        Ok(SimpleDistributedDataParallelism {
+            module,
+            parameters,
+            buffers,
+            process_group: pg,
+            buckets,
+            bucket_buffers,
+            require_backward_grad_sync: Cell::new(true),
+            sync_time: Cell::new(Duration::ZERO),
+            syncs: Cell::new(0),
+        })
+    }
+
+    /// Runs the wrapped model: the forward pass needs no communication.
+    pub fn forward(&self, xs: &Tensor) -> Tensor {
+        self.module.forward(xs)
+    }
+
+    // ANCHOR: backward
+    /// Runs `loss.backward()`, which ADDS this loss's gradients to every
+    /// parameter's `.grad`; then, unless a `no_sync` scope is open, averages
+    /// the gradients over all ranks, bucket by bucket.
+    pub fn backward(&self, loss: &Tensor) -> Result<(), DistError> {
+        loss.f_backward().map_err(|source| DistError::Torch {
+            rank: self.process_group.rank(),
+            op: "loss.backward()".to_string(),
+            source,
+        })?;
+        if self.require_backward_grad_sync.get() {
+            self.sync_gradients()?;
+        }
+        Ok(())
+    }
+
+    /// Averages every gradient over all ranks, one all-reduce per bucket, and
+    /// adds the wall time it took to [`sync_time`](Self::sync_time). Called
+    /// by `backward`; call it yourself only if you run `loss.backward()`
+    /// yourself.
+    pub fn sync_gradients(&self) -> Result<(), DistError> {
+        let started = Instant::now();
+        let pg = self.process_group.as_ref();
+        for (bucket, buffer) in self.buckets.iter().zip(&self.bucket_buffers) {
+            // A second handle on the same storage: sync_bucket needs `&mut`,
+            // and `&self` is what lets backward run inside a no_sync scope.
+            let mut buffer = buffer.shallow_clone();
+            sync_bucket(pg, bucket, &mut buffer, &self.parameters)?;
+            check_missing_gradients(pg, bucket, &buffer, &self.parameters)?;
+        }
+        self.sync_time.set(self.sync_time.get() + started.elapsed());
+        self.syncs.set(self.syncs.get() + 1);
+        Ok(())
+    }
+    // ANCHOR_END: backward
+
+    // ANCHOR: no_sync
+    /// Opens a scope in which [`backward`](Self::backward) only accumulates
+    /// gradients on this rank and sends nothing; dropping the guard puts the
+    /// switch back as it was (also on `?` and on panic). Bind it to a name:
+    /// `let _no_sync = ddp.no_sync();` (`let _ = ...` drops it at once).
+    pub fn no_sync(&self) -> NoSyncGuard<'_> {
+        let previous = begin_no_sync(&self.require_backward_grad_sync);
+        NoSyncGuard { switch: &self.require_backward_grad_sync, previous }
+    }
+    // ANCHOR_END: no_sync
+
+    /// The closure form of [`no_sync`](Self::no_sync).
+    pub fn no_sync_scope<R>(&self, body: impl FnOnce() -> R) -> R {
+        let _no_sync = self.no_sync();
+        body()
+    }
+
+    /// Whether the next `backward` will average the gradients.
+    pub fn require_backward_grad_sync(&self) -> bool {
+        self.require_backward_grad_sync.get()
+    }
+}
+
+/// An open `no_sync` scope of the chapter-6 wrapper: while it lives,
+/// `backward` only accumulates.
+#[must_use = "the no_sync scope ends when the guard is dropped: bind it with `let _no_sync = ddp.no_sync();`"]
+pub struct NoSyncGuard<'a> {
+    switch: &'a Cell<bool>,
+    previous: bool,
+}
+
+impl Drop for NoSyncGuard<'_> {
+    fn drop(&mut self) {
+        self.switch.set(self.previous);
+    }
+}
+
+// ANCHOR: accessors
+impl<M: Module> SimpleDistributedDataParallelism<M> {
+    /// The wrapped model. Save ITS weights (the `VarStore` you built it
+    /// from), on rank 0 only: they are the same on every rank.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// Unwraps the model, e.g. to evaluate it alone after training.
+    pub fn into_module(self) -> M {
+        self.module
+    }
+
+    pub fn process_group(&self) -> &Group {
+        &self.process_group
+    }
+
+    pub fn rank(&self) -> usize {
+        self.process_group.rank()
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.process_group.world_size()
+    }
+
+    /// The trainable tensors, in registration order.
+    pub fn parameters(&self) -> &[(String, Tensor)] {
+        &self.parameters
+    }
+
+    /// The non-trainable tensors, sorted by name.
+    pub fn buffers(&self) -> &[(String, Tensor)] {
+        &self.buffers
+    }
+
+    /// The bucket layout, in the order the buckets are all-reduced.
+    pub fn buckets(&self) -> &[Bucket] {
+        &self.buckets
+    }
+
+    /// Wall time spent in gradient syncs since construction (or the last
+    /// [`reset_sync_time`](Self::reset_sync_time)). It includes waiting for
+    /// the slowest rank to arrive, so it measures communication plus load
+    /// imbalance: compare it with the step time to see the share.
+    pub fn sync_time(&self) -> Duration {
+        self.sync_time.get()
+    }
+
+    /// How many gradient syncs (one all-reduce per bucket each) were timed.
+    pub fn gradient_syncs(&self) -> u64 {
+        self.syncs.get()
+    }
+
+    /// Sets [`sync_time`](Self::sync_time) and
+    /// [`gradient_syncs`](Self::gradient_syncs) back to zero (e.g. after
+    /// warm-up steps that should not count).
+    pub fn reset_sync_time(&self) {
+        self.sync_time.set(Duration::ZERO);
+        self.syncs.set(0);
+    }
+
+    /// What this rank has sent through the process group so far (all calls,
+    /// including construction's checks and [`mean_over_ranks`](Self::mean_over_ranks)).
+    pub fn stats(&self) -> CommStats {
+        self.process_group.stats()
+    }
+
+    /// The mean of `value` over all ranks, for logging: each rank's loss is
+    /// the loss of its own shard; this is the global batch's. Every rank must
+    /// call it (one all-reduce); it is not counted in `sync_time`.
+    pub fn mean_over_ranks(&self, value: f64) -> Result<f64, DistError> {
+        let mut value = Tensor::from(value); // [] f64
+        self.process_group.all_reduce(&mut value, ReduceOp::Sum)?;
+        Ok(value.double_value(&[]) / self.world_size() as f64)
+    }
+}
+// ANCHOR_END: accessors
+
+/// All ranks compare their caps and a fingerprint of their layouts and fail
+/// together if any differs from rank 0's: their all-reduces would not pair.
+fn check_same_layout(
+    pg: &dyn ProcessGroup,
+    cap: usize,
+    first_cap: usize,
+    buckets: &[Bucket],
+) -> Result<(), BucketingError> {
+    let mine = [cap as i64, first_cap as i64, buckets.len() as i64, layout::fingerprint(buckets)];
+    let all = pg.all_gather(&Tensor::from_slice(&mine)).map_err(BucketingError::Dist)?; // world_size x [4]
+    let all: Vec<Vec<i64>> =
+        all.iter().map(Vec::<i64>::try_from).collect::<Result<_, _>>().map_err(|source| {
+            BucketingError::Dist(DistError::Torch {
+                rank: pg.rank(),
+                op: "reading the bucket layouts".into(),
+                source,
+            })
+        })?;
+    match (0..all.len()).find(|&r| all[r] != all[0]) {
+        None => Ok(()),
+        Some(r) => Err(BucketingError::LayoutsDiffer(format!(
+            "rank 0 has caps {} B / {} B and {} buckets, rank {r} has {} B / {} B and {} buckets",
+            all[0][0], all[0][1], all[0][2], all[r][0], all[r][1], all[r][2]
+        ))),
+    }
+}
+
+/// A parameter without a gradient here sent zeros; a non-zero average means
+/// another rank used it, and only the others would update it. Say so.
+fn check_missing_gradients(
+    pg: &dyn ProcessGroup,
+    bucket: &Bucket,
+    buffer: &Tensor,
+    params: &[(String, Tensor)],
+) -> Result<(), DistError> {
+    let mut offset = 0;
+    for &index in &bucket.params {
+        let (name, param) = &params[index];
+        let numel = param.numel() as i64;
+        if numel > 0 && !param.grad().defined() {
+            let largest = tch::no_grad(|| buffer.narrow(0, offset, numel).abs().max().double_value(&[]));
+            if largest != 0.0 {
+                let detail = format!(
+                    "`{name}` has no gradient on rank {} but other ranks computed one (averaged values up \
+                     to {largest:e}); they would update it and this rank would not. Use every parameter \
+                     in the loss on every rank, or on none.",
+                    pg.rank()
+                );
+                return Err(DistError::Invalid { rank: pg.rank(), op: "sync_gradients".into(), detail });
+            }
+        }
+        offset += numel;
+    }
+    Ok(())
+}

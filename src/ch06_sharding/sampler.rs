@@ -1,0 +1,236 @@
+//! Chapter 06, already solved: the [`DistributedSampler`] itself, the seeded
+//! shuffle it uses, and its errors. Your part, in `exercise.rs`, is how the
+//! shuffled list is cut into one shard per rank: `samples_per_rank` and
+//! `shard_indices`.
+//!
+//! Check your work: `cargo test --test chapter_06`
+
+use super::active::shard_indices;
+use crate::dist::ProcessGroup;
+
+// ANCHOR: permutation
+/// A small random generator that this crate owns: SplitMix64 (Steele, Lea and
+/// Flood, 2014). Its whole state is one `u64`, so the same seed gives the
+/// same numbers on every rank, every machine, every run and every libtorch
+/// version, and drawing from it touches nothing that other threads share.
+struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..bound`, every value equally likely. `next_u64() % bound`
+    /// alone would favour small values a little; drawing again when the
+    /// number falls in the incomplete last block of `bound` values avoids it.
+    fn below(&mut self, bound: u64) -> u64 {
+        let complete_blocks_end = u64::MAX - u64::MAX % bound; // a multiple of bound
+        loop {
+            let x = self.next_u64();
+            if x < complete_blocks_end {
+                return x % bound;
+            }
+        }
+    }
+}
+
+/// The numbers `0..len` in a random order determined by `seed` alone: a
+/// Fisher-Yates shuffle driven by [`SplitMix64`]. Every rank that calls it
+/// with the same `len` and `seed` gets the same order.
+pub fn permutation(len: usize, seed: u64) -> Vec<i64> {
+    let mut order: Vec<i64> = (0..len as i64).collect();
+    let mut rng = SplitMix64 { state: seed };
+    // Walk from the end; swap each position with a random one at or before it.
+    for i in (1..len).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+// ANCHOR_END: permutation
+
+/// Why a sampler could not be built. Each message says what to change.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SamplerError {
+    #[error("a DistributedSampler needs at least one replica, got num_replicas = 0: pass pg.world_size()")]
+    NoReplicas,
+
+    #[error(
+        "rank {rank} is not a rank of {num_replicas} replica(s) (ranks are 0..{num_replicas}): \
+         pass pg.rank() and pg.world_size() of the same process group"
+    )]
+    RankOutOfRange { rank: usize, num_replicas: usize },
+
+    #[error("the data set length must not be negative, got {dataset_len}")]
+    NegativeLength { dataset_len: i64 },
+
+    #[error(
+        "{dataset_len} example(s) over {num_replicas} replica(s) leave every rank an empty shard \
+         (drop_last = {drop_last}): an epoch would train on nothing. Use a larger data set, \
+         fewer ranks, or drop_last = false (which pads by repeating examples)"
+    )]
+    EmptyShards { dataset_len: i64, num_replicas: usize, drop_last: bool },
+}
+
+// ANCHOR: sampler
+/// Hands each rank its own part of a data set of `dataset_len` examples,
+/// every epoch, with the semantics of PyTorch's
+/// `torch.utils.data.DistributedSampler`:
+///
+/// - with `shuffle`, the order of the whole data set is a permutation drawn
+///   from `seed + epoch`: the same on every rank, and new every epoch once
+///   you call [`set_epoch`](Self::set_epoch); without `shuffle` it is
+///   `0, 1, 2, ...` every epoch;
+/// - every rank gets the same number of examples, [`len`](Self::len): the
+///   order is padded by repeating its start up to a multiple of
+///   `num_replicas` (`drop_last = false`), or its tail is dropped
+///   (`drop_last = true`);
+/// - rank `r` takes every `num_replicas`-th index of that list, starting at
+///   position `r`.
+///
+/// The sampler hands out indices, not data: look the rows up yourself, e.g.
+/// with [`rows`](super::rows).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DistributedSampler {
+    dataset_len: i64,
+    num_replicas: usize,
+    rank: usize,
+    shuffle: bool,
+    seed: u64,
+    drop_last: bool,
+    epoch: u64,
+}
+
+impl DistributedSampler {
+    /// A sampler for rank `rank` of `num_replicas`, at epoch 0. Pass the same
+    /// `dataset_len`, `shuffle`, `seed` and `drop_last` on every rank.
+    pub fn new(
+        dataset_len: i64,
+        num_replicas: usize,
+        rank: usize,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+    ) -> Result<DistributedSampler, SamplerError> {
+        if num_replicas == 0 {
+            return Err(SamplerError::NoReplicas);
+        }
+        if rank >= num_replicas {
+            return Err(SamplerError::RankOutOfRange { rank, num_replicas });
+        }
+        if dataset_len < 0 {
+            return Err(SamplerError::NegativeLength { dataset_len });
+        }
+        // PyTorch accepts these and hands every rank nothing; a training run
+        // that silently does nothing is worse than an error.
+        if dataset_len == 0 || (drop_last && (dataset_len as u64) < num_replicas as u64) {
+            return Err(SamplerError::EmptyShards { dataset_len, num_replicas, drop_last });
+        }
+        Ok(DistributedSampler { dataset_len, num_replicas, rank, shuffle, seed, drop_last, epoch: 0 })
+    }
+
+    /// [`new`](Self::new) with this rank's place in `pg`:
+    /// `new(dataset_len, pg.world_size(), pg.rank(), shuffle, seed, drop_last)`.
+    pub fn for_group(
+        pg: &dyn ProcessGroup,
+        dataset_len: i64,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+    ) -> Result<DistributedSampler, SamplerError> {
+        DistributedSampler::new(dataset_len, pg.world_size(), pg.rank(), shuffle, seed, drop_last)
+    }
+
+    /// Chooses the epoch whose order [`indices`](Self::indices) returns.
+    /// Call it on every rank, with the same number, before each epoch:
+    /// without it every epoch repeats epoch 0's order.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// The whole data set's order for the current epoch, before padding and
+    /// sharding: the same list on every rank.
+    pub fn epoch_order(&self) -> Vec<i64> {
+        if self.shuffle {
+            // seed + epoch, as PyTorch does: so seed s at epoch e + 1 shuffles
+            // like seed s + 1 at epoch e. Use seeds far apart for unrelated runs.
+            permutation(self.dataset_len as usize, self.seed.wrapping_add(self.epoch))
+        } else {
+            (0..self.dataset_len).collect()
+        }
+    }
+
+    /// This rank's indices for the current epoch, in the order to visit them:
+    /// [`len`](Self::len) of them, each in `0..dataset_len`.
+    pub fn indices(&self) -> Vec<i64> {
+        shard_indices(&self.epoch_order(), self.num_replicas, self.rank, self.drop_last)
+    }
+}
+// ANCHOR_END: sampler
+
+impl DistributedSampler {
+    /// How many indices every rank gets per epoch: `ceil(dataset_len / N)`,
+    /// or `floor(dataset_len / N)` with `drop_last`.
+    pub fn len(&self) -> usize {
+        super::active::samples_per_rank(self.dataset_len as usize, self.num_replicas, self.drop_last)
+    }
+
+    /// [`indices`](Self::indices) cut by this chapter's REFERENCE
+    /// `shard_indices`, whatever the `solutions` feature says. For code that
+    /// comes after this chapter (the training run), which must work before
+    /// the exercise is written; the chapter's tests use `indices`.
+    pub fn reference_indices(&self) -> Vec<i64> {
+        super::solution::shard_indices(&self.epoch_order(), self.num_replicas, self.rank, self.drop_last)
+    }
+
+    /// [`len`](Self::len) by the REFERENCE `samples_per_rank` (see
+    /// [`reference_indices`](Self::reference_indices)).
+    pub fn reference_len(&self) -> usize {
+        super::solution::samples_per_rank(self.dataset_len as usize, self.num_replicas, self.drop_last)
+    }
+
+    /// Always false: [`new`](Self::new) refuses samplers whose shards would be empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The number of indices handed out per epoch over all ranks:
+    /// `len() * num_replicas`.
+    pub fn total_size(&self) -> usize {
+        self.len() * self.num_replicas
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn num_replicas(&self) -> usize {
+        self.num_replicas
+    }
+
+    pub fn dataset_len(&self) -> i64 {
+        self.dataset_len
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    pub fn shuffle(&self) -> bool {
+        self.shuffle
+    }
+
+    pub fn drop_last(&self) -> bool {
+        self.drop_last
+    }
+}

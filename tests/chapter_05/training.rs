@@ -1,0 +1,265 @@
+//! Chapter 05 tests, shared part: the models, the data, and a training loop
+//! that syncs the gradients one of four ways (bucketed, naive, not at all,
+//! broken) and records what every rank did at every step.
+//!
+//! Compiled into `cargo test --test chapter_05` (see `tests/chapter_05.rs`).
+
+use std::time::Duration;
+
+use ddp_workbook::ch03_averaging::solution::sync_gradients as naive_sync;
+use ddp_workbook::ch05_bucketing::{
+    SimpleDistributedDataParallelism, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES,
+};
+use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
+use ddp_workbook::data::Regression;
+use ddp_workbook::dist::{spawn_with, DistError, ReduceOp, SpawnOptions};
+use ddp_workbook::models::{named_parameters, Mlp};
+use ddp_workbook::tch;
+use ddp_workbook::tch::nn::{self, Module, OptimizerConfig, VarStore};
+use ddp_workbook::tch::{Device, Kind, Reduction, Tensor};
+use ddp_workbook::with_seed;
+
+pub const SIZES: &[i64] = &[4, 16, 16, 1];
+/// The parameters of the MLP from its last registered to its first: the
+/// order in which backward produces their gradients.
+/// (tch's `nn::linear` registers a layer's bias before its weight.)
+pub const REVERSED_MLP: [&str; 6] = [
+    "layers.2.weight",
+    "layers.2.bias",
+    "layers.1.weight",
+    "layers.1.bias",
+    "layers.0.weight",
+    "layers.0.bias",
+];
+/// (cap, first cap) in bytes: small enough to cut the 2.8 KiB MLP into four buckets.
+pub const TINY_CAPS: (usize, usize) = (1024, 128);
+pub const DEFAULT_CAPS: (usize, usize) = (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES);
+const MODEL_SEED: i64 = 5;
+const DATA_SEED: i64 = 6;
+/// Rows of one global batch: divisible by every world size we test (1 to 4).
+pub const GLOBAL_BATCH: i64 = 12;
+pub const STEPS: usize = 4;
+/// Largest absolute difference allowed between DDP and one process on the
+/// global batch, in f64: only the order of additions differs (chapter 3).
+pub const TOLERANCE: f64 = 1e-10;
+
+pub const HINT_REPLICAS: &str =
+    "every rank must call sync_gradients, and sync_bucket must copy the averaged \
+    buffer back into every gradient that exists";
+pub const HINT_MEAN: &str = "sync_bucket must all-reduce with SUM and divide by the world size exactly once";
+pub const HINT_BITWISE: &str = "the bucketed sync must give exactly the naive sync's gradients: check the \
+    offsets (each slot starts where the previous one ends, in `bucket.params` order), that every slot is \
+    copied back into its own parameter's gradient, and that you divide once";
+
+#[derive(Clone, Copy, Debug)]
+pub enum Optim {
+    Sgd,
+    Adam,
+}
+
+impl Optim {
+    fn build(self, vs: &VarStore) -> anyhow::Result<nn::Optimizer> {
+        Ok(match self {
+            Optim::Sgd => nn::Sgd::default().build(vs, 0.1)?,
+            Optim::Adam => nn::Adam::default().build(vs, 0.01)?,
+        })
+    }
+}
+
+/// How the training loop synchronises the gradients.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sync {
+    /// This chapter's `sync_gradients`: one all-reduce per bucket.
+    Bucketed,
+    /// Chapter 3's reference: one all-reduce per parameter.
+    Naive,
+    /// Negative control: no communication at all.
+    None,
+    /// Negative control: buckets all-reduced, but never copied back.
+    NoCopyBack,
+}
+
+pub fn mlp() -> (VarStore, Mlp) {
+    Mlp::seeded(MODEL_SEED, SIZES, Kind::Double)
+}
+
+/// The MLP plus a trainable parameter `unused` that the loss never touches.
+pub fn mlp_with_an_unused_parameter() -> (VarStore, Mlp) {
+    with_seed(MODEL_SEED, || {
+        let mut vs = VarStore::new(Device::Cpu);
+        let mlp = Mlp::new(&vs.root(), SIZES);
+        let _unused = vs.root().randn("unused", &[3], 0.0, 1.0);
+        vs.set_kind(Kind::Double);
+        (vs, mlp)
+    })
+}
+
+/// A small network with parameters of two dtypes, registered interleaved:
+/// input_scale (f32), hidden.weight and hidden.bias (f64), output.weight and
+/// output.bias (f32).
+#[derive(Debug)]
+pub struct Mixed {
+    input_scale: Tensor,
+    hidden_weight: Tensor,
+    hidden_bias: Tensor,
+    output_weight: Tensor,
+    output_bias: Tensor,
+}
+
+pub fn mixed() -> (VarStore, Mixed) {
+    with_seed(MODEL_SEED, || {
+        let vs = VarStore::new(Device::Cpu);
+        let root = vs.root();
+        let randn = |shape: &[i64], kind: Kind| Tensor::randn(shape, (kind, Device::Cpu)) * 0.5;
+        let model = Mixed {
+            input_scale: root.add("input_scale", randn(&[4], Kind::Float) + 1.0, true),
+            hidden_weight: (&root / "hidden").add("weight", randn(&[8, 4], Kind::Double), true),
+            hidden_bias: (&root / "hidden").add("bias", randn(&[8], Kind::Double), true),
+            output_weight: (&root / "output").add("weight", randn(&[1, 8], Kind::Float), true),
+            output_bias: (&root / "output").add("bias", randn(&[1], Kind::Float), true),
+        };
+        (vs, model)
+    })
+}
+
+impl Module for Mixed {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        let scaled = (xs.to_kind(Kind::Float) * &self.input_scale).to_kind(Kind::Double); // [batch, 4]
+        let hidden = (scaled.matmul(&self.hidden_weight.tr()) + &self.hidden_bias).tanh(); // [batch, 8]
+        let out = hidden.to_kind(Kind::Float).matmul(&self.output_weight.tr()) + &self.output_bias; // [batch, 1]
+        out.to_kind(Kind::Double)
+    }
+}
+
+pub fn data() -> Regression {
+    Regression::new(DATA_SEED, GLOBAL_BATCH * STEPS as i64, 4, 1, Kind::Double)
+}
+
+/// One rank's record of a run.
+#[derive(Default)]
+pub struct RankRun {
+    /// The bucket layout, as names.
+    pub buckets: Vec<Vec<String>>,
+    /// Every parameter after each `optimizer.step()`.
+    pub after_each_step: Vec<Vec<(String, Tensor)>>,
+    /// Per step: all-reduce calls, all collective calls, and bytes handed to them.
+    pub all_reduces: Vec<u64>,
+    pub collectives: Vec<u64>,
+    pub bytes: Vec<u64>,
+    /// Per step, if the model has a parameter `unused`: whether it had a
+    /// gradient after the sync.
+    pub unused_grad_defined: Vec<bool>,
+}
+
+/// Trains on `world_size` ranks for STEPS steps, each rank on its own slice
+/// of every global batch, syncing the gradients the `sync` way.
+pub fn train<M: Module>(
+    world_size: usize,
+    optim: Optim,
+    sync: Sync,
+    caps: (usize, usize),
+    build: fn() -> (VarStore, M),
+) -> Vec<RankRun> {
+    let options = SpawnOptions::new(world_size).timeout(Duration::from_secs(30));
+    let runs = spawn_with(options, |pg| {
+        let (rank, data) = (pg.rank() as i64, data());
+        let (vs, model) = build();
+        let mut optimizer = optim.build(&vs)?;
+        let mut ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, caps.0, caps.1)?;
+        let mut run = RankRun { buckets: ddp.bucket_names(), ..RankRun::default() };
+        for step in 0..STEPS as i64 {
+            let before = ddp.process_group().stats();
+            // ANCHOR: ddp_step
+            let rows = GLOBAL_BATCH / world_size as i64; // every rank gets as many rows
+            let (x, y) = data.batch(step * GLOBAL_BATCH + rank * rows, rows); // [rows, 4], [rows, 1]
+            optimizer.zero_grad();
+            let loss = ddp.forward(&x).mse_loss(&y, Reduction::Mean);
+            loss.backward();
+            match sync {
+                Sync::Bucketed => ddp.sync_gradients()?, // one all-reduce per bucket
+                Sync::Naive => naive_sync(ddp.process_group().as_ref(), ddp.parameters())?,
+                Sync::None => {}
+                Sync::NoCopyBack => sync_without_copy_back(&ddp)?,
+            }
+            optimizer.step();
+            // ANCHOR_END: ddp_step
+            let after = ddp.process_group().stats();
+            run.all_reduces.push(after.all_reduce - before.all_reduce);
+            run.collectives.push(after.collectives() - before.collectives());
+            run.bytes.push(after.collective_bytes - before.collective_bytes);
+            if let Some((_, unused)) = ddp.parameters().iter().find(|(name, _)| name == "unused") {
+                run.unused_grad_defined.push(unused.grad().defined());
+            }
+            run.after_each_step.push(snapshot(ddp.parameters()));
+        }
+        Ok(run)
+    });
+    runs.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A broken bucketed sync for the negative control: it averages each bucket
+/// in a flat copy and then forgets to copy the result back, so every rank
+/// steps with its own, local gradients.
+fn sync_without_copy_back<M: Module>(ddp: &SimpleDistributedDataParallelism<M>) -> Result<(), DistError> {
+    let pg = ddp.process_group();
+    tch::no_grad(|| {
+        for bucket in ddp.buckets() {
+            let pieces: Vec<Tensor> = bucket
+                .params
+                .iter()
+                .map(|&p| {
+                    let (_, param) = &ddp.parameters()[p];
+                    let grad = param.grad();
+                    if grad.defined() {
+                        grad.reshape([-1])
+                    } else {
+                        param.zeros_like().reshape([-1])
+                    }
+                })
+                .collect();
+            let mut flat = Tensor::cat(&pieces, 0); // [bucket.numel]
+            pg.all_reduce(&mut flat, ReduceOp::Sum)?;
+            let _averaged = flat / pg.world_size() as f64;
+            // The bug on purpose: nothing goes back into the gradients.
+        }
+        Ok(())
+    })
+}
+
+/// One process, one model, the whole global batch of every step.
+pub fn train_single_process<M: Module>(
+    optim: Optim,
+    build: fn() -> (VarStore, M),
+) -> Vec<Vec<(String, Tensor)>> {
+    let data = data();
+    let (vs, model) = build();
+    let mut optimizer = optim.build(&vs).expect("the optimizer builds");
+    let mut after_each_step = vec![];
+    for step in 0..STEPS as i64 {
+        let (x, y) = data.batch(step * GLOBAL_BATCH, GLOBAL_BATCH); // [B, 4], [B, 1]
+        optimizer.zero_grad();
+        let loss = model.forward(&x).mse_loss(&y, Reduction::Mean); // mean over all B rows
+        loss.backward();
+        optimizer.step();
+        after_each_step.push(snapshot(&named_parameters(&vs)));
+    }
+    after_each_step
+}
+
+/// Bitwise: the same parameters on every rank after every step, in both runs.
+pub fn assert_same_training(bucketed: &[RankRun], naive: &[RankRun], case: &str) {
+    for step in 0..STEPS {
+        let per_rank: Vec<_> = bucketed.iter().map(|r| snapshot(&r.after_each_step[step])).collect();
+        compare_replicas(&per_rank, 0.0).unwrap_or_else(|report| {
+            panic!("{case}, bucketed sync, after step {}: {}", step + 1, report.hint(HINT_REPLICAS))
+        });
+        for (rank, (b, n)) in bucketed.iter().zip(naive).enumerate() {
+            compare_to_reference(&b.after_each_step[step], &n.after_each_step[step], 0.0).unwrap_or_else(
+                |report| {
+                    let report = report.hint(HINT_BITWISE);
+                    panic!("{case}, rank {rank} after step {}, bucketed vs naive sync: {report}", step + 1)
+                },
+            );
+        }
+    }
+}

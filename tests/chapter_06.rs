@@ -1,0 +1,40 @@
+//! Chapter 06 tests: sharding the data, and the whole DDP loop.
+//!
+//! Your code:           `cargo test --test chapter_06`
+//! The reference code:  `cargo test --features solutions --test chapter_06`
+//! See the measured numbers: add `-- --nocapture`
+//!
+//! Two files, one test binary:
+//! - `chapter_06/sampler.rs`: the `DistributedSampler` alone: equal counts,
+//!   disjoint shards that cover the data set, the padding and the stride, a
+//!   new order every epoch and the same one on every rank, bad input;
+//! - `chapter_06/training.rs`: the chapter-6 `SimpleDistributedDataParallelism`
+//!   trained with the sampler, accumulation and small buckets on 2 and 3
+//!   ranks, against one process on the global batch the shards form, and the
+//!   checkpoint rank 0 writes;
+//! - `chapter_06/controls.rs`: the negative controls: every rank on the same
+//!   shard, no `set_epoch`, unequal shards.
+
+// `#[path]`, because a module file directly in `tests/` would be built as a
+// test binary of its own.
+#[path = "chapter_06/controls.rs"]
+mod controls;
+#[path = "chapter_06/sampler.rs"]
+mod sampler;
+#[path = "chapter_06/training.rs"]
+mod training;
+
+use std::time::Duration;
+
+use ddp_workbook::dist::SpawnOptions;
+
+/// Any collective that waits this long fails, so no test can hang.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Put before a failed `spawn`'s error: it names the rank and what it said.
+pub const RANK_FAILURE: &str = "a rank failed (if it says `not yet implemented: exercise ch06`, \
+                                write that function in src/ch06_sharding/exercise.rs): ";
+
+pub fn spawn_options(world_size: usize) -> SpawnOptions {
+    SpawnOptions::new(world_size).timeout(TIMEOUT)
+}

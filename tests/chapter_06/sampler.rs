@@ -1,0 +1,285 @@
+//! Chapter 06 tests, part 1: the `DistributedSampler` on its own. Compiled
+//! into `cargo test --test chapter_06` (see `tests/chapter_06.rs`).
+//!
+//! The grid below covers data set lengths that do and do not divide by the
+//! number of ranks, lengths smaller than it, with and without shuffling and
+//! `drop_last`.
+
+use std::collections::BTreeSet;
+
+use ddp_workbook::ch06_sharding::{DistributedSampler, SamplerError};
+use ddp_workbook::dist::spawn_with;
+use ddp_workbook::tch::{self, Tensor};
+use ddp_workbook::with_seed;
+
+use super::{spawn_options, RANK_FAILURE};
+
+const SEED: u64 = 2024;
+
+fn sampler(len: i64, n: usize, rank: usize, shuffle: bool, seed: u64, drop_last: bool) -> DistributedSampler {
+    DistributedSampler::new(len, n, rank, shuffle, seed, drop_last).unwrap_or_else(|e| {
+        panic!("DistributedSampler::new({len}, {n}, {rank}, ..) refused valid input: {e}")
+    })
+}
+
+/// Every rank's indices for `epoch`, in rank order.
+fn all_shards(len: i64, n: usize, shuffle: bool, drop_last: bool, epoch: u64) -> Vec<Vec<i64>> {
+    (0..n)
+        .map(|rank| {
+            let mut s = sampler(len, n, rank, shuffle, SEED, drop_last);
+            s.set_epoch(epoch);
+            s.indices()
+        })
+        .collect()
+}
+
+/// Every valid (len, n, shuffle, drop_last) of the grid.
+fn grid() -> Vec<(i64, usize, bool, bool)> {
+    let mut cases = vec![];
+    for len in (1..=13).chain([64, 97]) {
+        for n in 1..=5 {
+            for shuffle in [false, true] {
+                for drop_last in [false, true] {
+                    if !(drop_last && (len as usize) < n) {
+                        cases.push((len, n, shuffle, drop_last));
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// What the chapter promises: ceil(len / n) padded, floor(len / n) dropped.
+fn expected_count(len: i64, n: usize, drop_last: bool) -> usize {
+    let (len, n) = (len as usize, n);
+    if drop_last {
+        len / n
+    } else {
+        len / n + usize::from(len % n != 0)
+    }
+}
+
+#[test]
+fn every_rank_gets_the_same_number_of_indices() {
+    for (len, n, shuffle, drop_last) in grid() {
+        let expected = expected_count(len, n, drop_last);
+        for rank in 0..n {
+            let s = sampler(len, n, rank, shuffle, SEED, drop_last);
+            let got = s.indices().len();
+            assert_eq!(
+                (s.len(), got),
+                (expected, expected),
+                "{len} examples on {n} ranks (shuffle {shuffle}, drop_last {drop_last}), rank {rank}: \
+                 len() and indices().len() must both be {} = {expected}; unequal counts mean one rank \
+                 makes fewer collectives than the others and the run deadlocks",
+                if drop_last { "floor(len / n)" } else { "ceil(len / n)" }
+            );
+        }
+    }
+}
+
+#[test]
+fn shards_cover_the_data_set_and_overlap_only_in_the_padding() {
+    for (len, n, shuffle, drop_last) in grid() {
+        let shards = all_shards(len, n, shuffle, drop_last, 1);
+        let case = format!("{len} examples on {n} ranks (shuffle {shuffle}, drop_last {drop_last})");
+        let all: Vec<i64> = shards.concat();
+        assert!(
+            all.iter().all(|&i| (0..len).contains(&i)),
+            "{case}: an index is outside 0..{len}: {shards:?}"
+        );
+        let distinct: BTreeSet<i64> = all.iter().copied().collect();
+        if drop_last {
+            assert_eq!(distinct.len(), all.len(), "{case}: with drop_last no index may repeat: {shards:?}");
+            assert!(
+                len as usize - all.len() < n,
+                "{case}: drop_last drops fewer than n examples: {shards:?}"
+            );
+        } else {
+            assert_eq!(
+                distinct.len(),
+                len as usize,
+                "{case}: the shards together must cover 0..{len}: {shards:?}"
+            );
+            // Repeats exist only to pad the last round: total - len of them.
+            assert_eq!(all.len() - distinct.len(), all.len() - len as usize, "{case}: {shards:?}");
+        }
+    }
+}
+
+#[test]
+fn padding_repeats_the_start_and_rank_r_takes_every_nth_index_from_r() {
+    // Without shuffling, the order is 0..len, so the shards can be spelled out.
+    let cases: [(i64, usize, bool, Vec<Vec<i64>>); 4] = [
+        // 10 on 4 ranks: padded with 0, 1 (the start), then strided.
+        (10, 4, false, vec![vec![0, 4, 8], vec![1, 5, 9], vec![2, 6, 0], vec![3, 7, 1]]),
+        // ... and with drop_last, 8 and 9 are dropped.
+        (10, 4, true, vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]),
+        // 2 on 5 ranks: the padding wraps around twice.
+        (2, 5, false, vec![vec![0], vec![1], vec![0], vec![1], vec![0]]),
+        (6, 3, false, vec![vec![0, 3], vec![1, 4], vec![2, 5]]),
+    ];
+    for (len, n, drop_last, expected) in cases {
+        assert_eq!(
+            all_shards(len, n, false, drop_last, 0),
+            expected,
+            "{len} examples on {n} ranks, drop_last {drop_last}, no shuffle: pad by repeating the start \
+             (or cut the tail), then rank r takes positions r, r + n, r + 2n, ... (not a contiguous block)"
+        );
+    }
+    // With shuffling, the same rule applies to the epoch's order.
+    for (len, n, drop_last) in [(23, 3, false), (23, 3, true), (3, 4, false)] {
+        let shards = all_shards(len, n, true, drop_last, 2);
+        let mut s = sampler(len, n, 0, true, SEED, drop_last);
+        s.set_epoch(2);
+        let order = s.epoch_order();
+        for (rank, shard) in shards.iter().enumerate() {
+            let expected: Vec<i64> = (0..shard.len()).map(|i| order[(i * n + rank) % order.len()]).collect();
+            assert_eq!(shard, &expected, "{len} shuffled examples on {n} ranks, rank {rank}");
+        }
+    }
+}
+
+#[test]
+fn every_epoch_is_a_new_permutation_of_the_data_set() {
+    let (len, n) = (20, 2);
+    let mut orders: Vec<Vec<i64>> = vec![];
+    for epoch in 0..6 {
+        let shards = all_shards(len, n, true, false, epoch);
+        let mut seen = shards.concat();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..len).collect::<Vec<_>>(), "epoch {epoch}: the shards must be a permutation");
+        let mut s = sampler(len, n, 0, true, SEED, false);
+        s.set_epoch(epoch);
+        orders.push(s.epoch_order());
+    }
+    for a in 0..orders.len() {
+        for b in a + 1..orders.len() {
+            assert_ne!(
+                orders[a], orders[b],
+                "epochs {a} and {b} have the same order: set_epoch must reshuffle"
+            );
+        }
+    }
+}
+
+#[test]
+fn without_set_epoch_every_epoch_repeats_the_same_order() {
+    // The failure the chapter warns about: the sampler is built once and
+    // set_epoch is never called, so each "epoch" visits the same order.
+    let s = sampler(30, 3, 1, true, SEED, false);
+    let first = s.indices();
+    for _epoch in 1..4 {
+        assert_eq!(s.indices(), first, "without set_epoch, the order must stay epoch 0's");
+    }
+    let mut reshuffled = s.clone();
+    reshuffled.set_epoch(1);
+    assert_ne!(reshuffled.indices(), first, "set_epoch(1) must change rank 1's indices");
+    // Without shuffling there is nothing to reshuffle.
+    let mut fixed = sampler(30, 3, 1, false, SEED, false);
+    let epoch0 = fixed.indices();
+    fixed.set_epoch(5);
+    assert_eq!(fixed.indices(), epoch0, "shuffle = false: every epoch visits 0..len in order");
+}
+
+#[test]
+fn the_same_seed_and_epoch_give_the_same_order_on_every_rank_and_every_run() {
+    let (len, epoch) = (50, 3);
+    // Three rank threads each build their own sampler and compare orders.
+    let per_rank = spawn_with(spawn_options(3), |pg| {
+        let mut s = DistributedSampler::for_group(pg.as_ref(), len, true, SEED, false)?;
+        s.set_epoch(epoch);
+        let orders = pg.all_gather(&Tensor::from_slice(&s.epoch_order()))?; // 3 x [len]
+        let orders: Vec<Vec<i64>> = orders.iter().map(Vec::<i64>::try_from).collect::<Result<_, _>>()?;
+        Ok((orders, s.indices()))
+    })
+    .unwrap_or_else(|e| panic!("{RANK_FAILURE}{e}"));
+    let (orders, _) = &per_rank[0];
+    for (rank, order) in orders.iter().enumerate() {
+        assert_eq!(
+            order, &orders[0],
+            "rank {rank} shuffled differently from rank 0 with the same seed and epoch"
+        );
+    }
+    assert_ne!(orders[0], (0..len).collect::<Vec<_>>(), "shuffle = true must shuffle");
+
+    // Another "run": a fresh sampler, after libtorch's global generator has
+    // been reseeded and used. The order depends on seed + epoch alone.
+    // (with_seed, not manual_seed: other tests build seeded models meanwhile.)
+    let _ = with_seed(987, || Tensor::randn([100], (tch::Kind::Float, tch::Device::Cpu)));
+    let mut again = sampler(len, 3, 2, true, SEED, false);
+    again.set_epoch(epoch);
+    assert_eq!(
+        again.epoch_order(),
+        orders[0],
+        "the same seed and epoch must give the same order in every run"
+    );
+    assert_eq!(again.indices(), per_rank[2].1, "rank 2's shard must be the same in every run");
+}
+
+#[test]
+fn different_seeds_give_different_orders() {
+    let orders: Vec<Vec<i64>> =
+        (0..8).map(|seed| sampler(40, 2, 0, true, seed, false).epoch_order()).collect();
+    for a in 0..orders.len() {
+        for b in a + 1..orders.len() {
+            assert_ne!(orders[a], orders[b], "seeds {a} and {b} give the same order");
+        }
+    }
+}
+
+#[test]
+fn the_shuffle_is_not_biased() {
+    // Over many seeds, each of 4 examples comes first about 1/4 of the time.
+    // Deterministic (fixed seeds); the bound is about 5 standard deviations.
+    let mut first = [0usize; 4];
+    for seed in 0..8000 {
+        first[sampler(4, 1, 0, true, seed, false).epoch_order()[0] as usize] += 1;
+    }
+    assert!(first.iter().all(|&c| c.abs_diff(2000) < 200), "first element counts over 8000 seeds: {first:?}");
+}
+
+#[test]
+fn bad_input_is_refused_with_a_clear_error() {
+    // ((dataset_len, num_replicas, rank, drop_last), the error, advice its message gives)
+    let cases = [
+        ((10, 0, 0, false), SamplerError::NoReplicas, "pg.world_size()"),
+        ((10, 3, 3, false), SamplerError::RankOutOfRange { rank: 3, num_replicas: 3 }, "pg.rank()"),
+        ((-1, 2, 0, false), SamplerError::NegativeLength { dataset_len: -1 }, "negative"),
+        (
+            (0, 2, 0, false),
+            SamplerError::EmptyShards { dataset_len: 0, num_replicas: 2, drop_last: false },
+            "empty",
+        ),
+        (
+            (2, 3, 1, true),
+            SamplerError::EmptyShards { dataset_len: 2, num_replicas: 3, drop_last: true },
+            "drop_last = false",
+        ),
+    ];
+    for ((len, n, rank, drop_last), expected, advice) in cases {
+        let error = DistributedSampler::new(len, n, rank, true, SEED, drop_last)
+            .expect_err(&format!("new({len}, {n}, {rank}, drop_last {drop_last}) must be refused"));
+        assert_eq!(error, expected);
+        assert!(error.to_string().contains(advice), "the message should mention `{advice}`: {error}");
+    }
+}
+
+#[test]
+fn the_reference_methods_agree_with_indices_and_len() {
+    // `reference_indices` / `reference_len` are what code after this chapter
+    // (the training run) uses; with your functions they must agree.
+    for (len, n, shuffle, drop_last) in grid() {
+        for rank in 0..n {
+            let mut s = sampler(len, n, rank, shuffle, SEED, drop_last);
+            s.set_epoch(4);
+            assert_eq!(
+                s.indices(),
+                s.reference_indices(),
+                "{len} examples, {n} ranks, rank {rank}, drop_last {drop_last}"
+            );
+            assert_eq!(s.len(), s.reference_len(), "{len} examples, {n} ranks, drop_last {drop_last}");
+        }
+    }
+}
