@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""scripts/run_notebooks.py: runs the notebooks in notebooks/ as CI does.
+
+    .venv/bin/python scripts/run_notebooks.py                 # run every notebook
+    .venv/bin/python scripts/run_notebooks.py notebooks/02-replicas.ipynb
+    .venv/bin/python scripts/run_notebooks.py --check-clean   # committed form only
+    .venv/bin/python scripts/run_notebooks.py --strip NOTEBOOK...  # drop outputs
+
+Running: each notebook is executed top to bottom, one at a time, in a fresh
+"Rust (ddp-workbook)" kernel (scripts/setup_notebooks.sh registers it) whose
+working folder is the notebook's folder, so that evcxr reads that folder's
+evcxr.toml. A notebook fails when a cell reports an error (evcxr fails a cell
+on a compile error, a `?` error, or, with notebooks/evcxr.toml's
+`preserve_vars_on_panic = false`, a panic), and also when `panicked at`
+appears on a cell's stderr: a panic that something caught (a thread's join)
+leaves the cell green, and must not leave the notebook green.
+
+--check-clean: committed notebooks carry no outputs and no execution counts
+(clean diffs: the runner makes the outputs), use the ddp-workbook kernel,
+open with a markdown cell, and depend on the crate by its relative path in
+their first code cell. --strip brings a notebook to that form.
+
+The last line is `N passed, N failed`, alone on its line; the exit status is
+non-zero when anything failed. Tested by scripts/test_run_notebooks.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+KERNEL_NAME = "ddp-workbook"
+DEP_LINE = ':dep ddp-workbook = { path = ".." }'
+# Seconds one cell may take. The first cell of a notebook builds the crate
+# (and, the first time ever, tch and libtorch's bindings: several minutes).
+DEFAULT_CELL_TIMEOUT = 1800
+PANIC_MARK = "panicked at"
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def default_notebooks() -> list[Path]:
+    return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]-*.ipynb"))
+
+
+def text_of(value) -> str:
+    """A notebook stores text as one string or as a list of lines."""
+    return "".join(value) if isinstance(value, list) else (value or "")
+
+
+def shorten(text: str, lines: int = 30) -> str:
+    kept = text.rstrip("\n").splitlines()
+    if len(kept) > lines:
+        kept = kept[:lines] + [f"... ({len(kept) - lines} more lines)"]
+    return "\n".join("      " + line for line in kept)
+
+
+# ------------------------------------------------------------------ clean
+
+
+def clean_problems(path: Path) -> list[str]:
+    """What keeps a committed notebook from being in its clean form."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return [f"cannot be read as JSON: {error}"]
+    problems = []
+    if nb.get("nbformat") != 4:
+        problems.append(f"nbformat is {nb.get('nbformat')!r}; write nbformat 4")
+    kernel = nb.get("metadata", {}).get("kernelspec", {}).get("name")
+    if kernel != KERNEL_NAME:
+        problems.append(f"metadata.kernelspec.name is {kernel!r}; it must be {KERNEL_NAME!r} (the project's kernel)")
+    cells = nb.get("cells", [])
+    if not cells or cells[0].get("cell_type") != "markdown":
+        problems.append("the first cell must be markdown: what the chapter is about")
+    code = [(i, c) for i, c in enumerate(cells) if c.get("cell_type") == "code"]
+    if not code or DEP_LINE not in text_of(code[0][1].get("source")):
+        problems.append(f"the first code cell must hold `{DEP_LINE}` (the crate, by its relative path)")
+    for i, cell in code:
+        where = f"cell {i + 1}"
+        if cell.get("outputs"):
+            problems.append(f"{where} has outputs; committed notebooks have none (--strip removes them)")
+        if cell.get("execution_count") is not None:
+            problems.append(f"{where} has execution_count {cell['execution_count']}; it must be null (--strip)")
+        if "execution" in cell.get("metadata", {}):
+            problems.append(f"{where} has execution timings in its metadata (--strip removes them)")
+    return problems
+
+
+def strip(path: Path) -> None:
+    """Removes outputs, execution counts and timings, in place."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+        cell.get("metadata", {}).pop("execution", None)
+    path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# -------------------------------------------------------------------- run
+
+
+@dataclass
+class Outcome:
+    path: Path
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    # (cell number, seconds) for every code cell that ran.
+    cell_seconds: list[tuple[int, float]] = field(default_factory=list)
+
+
+def check_kernel(kernel: str) -> str | None:
+    """None when Jupyter and the kernel are installed, else what to do."""
+    try:
+        import nbclient  # noqa: F401
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    except ImportError:
+        return f"nbclient is not installed in {sys.executable}; run scripts/setup.sh, then .venv/bin/python {__file__}"
+
+    try:
+        KernelSpecManager().get_kernel_spec(kernel)
+    except NoSuchKernel:
+        return f"the Jupyter kernel {kernel!r} is not registered in this Python environment; run scripts/setup.sh"
+    return None
+
+
+def run_notebook(path: Path, kernel: str, timeout: int, save_dir: Path | None) -> Outcome:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    outcome = Outcome(path)
+    nb = nbformat.read(path, as_version=4)
+    started: dict[int, float] = {}
+
+    def on_cell_execute(cell, cell_index):
+        started[cell_index] = time.monotonic()
+
+    def on_cell_executed(cell, cell_index, execute_reply):
+        outcome.cell_seconds.append((cell_index + 1, time.monotonic() - started[cell_index]))
+
+    client = NotebookClient(
+        nb,
+        kernel_name=kernel,
+        timeout=timeout,
+        # No cell may fail, whatever its tags say.
+        force_raise_errors=True,
+        # The kernel's working folder: evcxr reads evcxr.toml from there, and
+        # `:dep ddp-workbook = { path = ".." }` is relative to it.
+        resources={"metadata": {"path": str(path.parent)}},
+        on_cell_execute=on_cell_execute,
+        on_cell_executed=on_cell_executed,
+    )
+    start = time.monotonic()
+    try:
+        client.execute()
+    except CellExecutionError as error:
+        index = max(started) if started else None
+        source = text_of(nb.cells[index].source) if index is not None else ""
+        first_line = source.strip().splitlines()[0] if source.strip() else ""
+        details = ANSI_ESCAPE.sub("", "\n".join([error.evalue or "", error.traceback or ""]).strip())
+        where = f"cell {index + 1} (`{first_line[:60]}`)" if index is not None else "a cell"
+        outcome.problems.append(f"{where} failed: {error.ename}:\n{shorten(details)}")
+    except CellTimeoutError:
+        cell = max(started) + 1 if started else "?"
+        outcome.problems.append(f"cell {cell} ran longer than {timeout} s (--timeout) and was stopped")
+    except DeadKernelError as error:
+        outcome.problems.append(f"the kernel died: {error}")
+    except Exception as error:  # kernel start-up failures and the like
+        outcome.problems.append(f"could not run the notebook: {type(error).__name__}: {error}")
+    outcome.seconds = time.monotonic() - start
+
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        # The kernel sends stderr in pieces (often a line each): join them.
+        stderr = "".join(
+            text_of(output.get("text"))
+            for output in cell.get("outputs", [])
+            if output.get("output_type") == "stream" and output.get("name") == "stderr"
+        )
+        if PANIC_MARK in stderr:
+            panic_onwards = stderr[stderr.rfind("\n", 0, stderr.index(PANIC_MARK)) + 1 :]
+            outcome.problems.append(
+                f"cell {index + 1} printed `{PANIC_MARK}` on stderr: something panicked, even if the "
+                f"cell went on:\n{shorten(ANSI_ESCAPE.sub('', panic_onwards), 12)}"
+            )
+    if save_dir is not None:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, save_dir / path.name)
+    return outcome
+
+
+def report_run(outcome: Outcome) -> None:
+    status = "FAIL" if outcome.problems else "ok  "
+    code_cells = len(outcome.cell_seconds)
+    first = f"{outcome.cell_seconds[0][1]:.1f} s" if outcome.cell_seconds else "-"
+    slowest = sorted(outcome.cell_seconds[1:], key=lambda c: -c[1])[:3]
+    slow = ", ".join(f"cell {n} {s:.1f} s" for n, s in slowest)
+    print(
+        f"{status}  {outcome.path.name:<28} {outcome.seconds:7.1f} s  "
+        f"({code_cells} code cells run; first (build) {first}; slowest after it: {slow or '-'})",
+        flush=True,
+    )
+    for problem in outcome.problems:
+        print(f"    {problem}", flush=True)
+
+
+# ------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/NN-*.ipynb")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check-clean", action="store_true", help="only check the committed form; run nothing")
+    mode.add_argument("--strip", action="store_true", help="remove outputs and execution counts, in place")
+    parser.add_argument("--kernel", default=KERNEL_NAME, help=f"kernel to run them in (default {KERNEL_NAME})")
+    parser.add_argument(
+        "--timeout", type=int, default=DEFAULT_CELL_TIMEOUT, help=f"seconds per cell (default {DEFAULT_CELL_TIMEOUT})"
+    )
+    parser.add_argument("--save-executed", type=Path, metavar="DIR", help="write the executed notebooks there")
+    args = parser.parse_args(argv)
+
+    notebooks = args.notebooks or default_notebooks()
+    missing = [p for p in notebooks if not p.is_file()]
+    if not notebooks or missing:
+        what = ", ".join(map(str, missing)) if missing else f"no NN-*.ipynb in {NOTEBOOK_DIR}"
+        print(f"run_notebooks: nothing to run: {what}")
+        print("0 passed, 1 failed")
+        return 1
+
+    if args.strip:
+        for path in notebooks:
+            strip(path)
+            print(f"stripped {path}")
+        return 0
+
+    passed = failed = 0
+    if args.check_clean:
+        for path in notebooks:
+            problems = clean_problems(path)
+            print(f"{'FAIL' if problems else 'ok  '}  {path}")
+            for problem in problems:
+                print(f"    {problem}")
+            passed, failed = passed + (not problems), failed + bool(problems)
+    else:
+        problem = check_kernel(args.kernel)
+        if problem:
+            print(f"run_notebooks: {problem}")
+            print(f"0 passed, {len(notebooks)} failed")
+            return 1
+        print(f"running {len(notebooks)} notebook(s) in kernel {args.kernel!r}, one at a time", flush=True)
+        total_start = time.monotonic()
+        for path in notebooks:
+            outcome = run_notebook(path, args.kernel, args.timeout, args.save_executed)
+            report_run(outcome)
+            passed, failed = passed + (not outcome.problems), failed + bool(outcome.problems)
+        print(f"all notebooks: {time.monotonic() - total_start:.1f} s")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""scripts/test_run_notebooks.py: tests of the notebook runner, scripts/run_notebooks.py.
+
+    .venv/bin/python scripts/test_run_notebooks.py
+
+The --check-clean and --strip tests need nothing but Python. The others run
+the fixture notebooks of scripts/testdata/ in the "Rust (ddp-workbook)"
+kernel (about a minute) and are skipped, saying why, when it is not
+installed (scripts/setup.sh installs it):
+- planted_panic.ipynb: a cell panics; the runner must fail the notebook at
+  that cell, as a cell error, because notebooks/evcxr.toml (copied next to
+  the fixture, as in notebooks/) sets preserve_vars_on_panic = false; and,
+  without that file, still fail it through the `panicked at` on stderr;
+- thread_panic.ipynb: a panic that the cell catches; only stderr shows it;
+- passes.ipynb: nothing fails; the runner must pass it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+RUNNER = SCRIPTS / "run_notebooks.py"
+TESTDATA = SCRIPTS / "testdata"
+EVCXR_TOML = SCRIPTS.parent / "notebooks" / "evcxr.toml"
+
+
+def run_runner(*args: str, env: dict | None = None) -> tuple[int, str]:
+    """Runs the runner as CI does; returns its exit status and its output."""
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    return done.returncode, done.stdout
+
+
+def last_line(output: str) -> str:
+    return output.rstrip("\n").splitlines()[-1]
+
+
+def clean_notebook() -> dict:
+    """A notebook in the committed form that --check-clean asks for."""
+    return {
+        "cells": [
+            {"cell_type": "markdown", "id": "intro", "metadata": {}, "source": ["What the chapter is about."]},
+            {
+                "cell_type": "code",
+                "id": "dep",
+                "metadata": {},
+                "source": [':dep ddp-workbook = { path = ".." }'],
+                "execution_count": None,
+                "outputs": [],
+            },
+            {
+                "cell_type": "code",
+                "id": "work",
+                "metadata": {},
+                "source": ["1 + 1"],
+                "execution_count": None,
+                "outputs": [],
+            },
+        ],
+        "metadata": {"kernelspec": {"name": "ddp-workbook", "display_name": "Rust (ddp-workbook)", "language": "rust"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def kernel_missing() -> str | None:
+    """Why the kernel tests cannot run here, or None."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+        import nbclient  # noqa: F401
+    except ImportError:
+        return "Jupyter is not installed in this Python; run with .venv/bin/python after scripts/setup.sh"
+    try:
+        KernelSpecManager().get_kernel_spec("ddp-workbook")
+    except NoSuchKernel:
+        return "the ddp-workbook kernel is not registered; run scripts/setup.sh"
+    return None
+
+
+class CheckCleanTest(unittest.TestCase):
+    def setUp(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="run_notebooks_test_"))
+        self.addCleanup(shutil.rmtree, self.folder)
+
+    def write(self, name: str, notebook: dict) -> Path:
+        path = self.folder / name
+        path.write_text(json.dumps(notebook, indent=1), encoding="utf-8")
+        return path
+
+    def test_a_clean_notebook_passes(self):
+        status, output = run_runner("--check-clean", str(self.write("00-clean.ipynb", clean_notebook())))
+        self.assertEqual(status, 0, output)
+        self.assertEqual(last_line(output), "1 passed, 0 failed")
+
+    def test_outputs_counts_timings_and_a_foreign_kernel_are_each_reported(self):
+        notebook = clean_notebook()
+        work = notebook["cells"][2]
+        work["outputs"] = [{"output_type": "execute_result", "data": {"text/plain": ["2"]}, "metadata": {}, "execution_count": 3}]
+        work["execution_count"] = 3
+        work["metadata"]["execution"] = {"shell.execute_reply": "2026-01-01T00:00:00Z"}
+        notebook["metadata"]["kernelspec"]["name"] = "rust"
+        status, output = run_runner("--check-clean", str(self.write("01-dirty.ipynb", notebook)))
+        self.assertEqual(status, 1, output)
+        for expected in ("cell 3 has outputs", "execution_count 3", "execution timings", "kernelspec.name is 'rust'"):
+            self.assertIn(expected, output)
+        self.assertEqual(last_line(output), "0 passed, 1 failed")
+
+    def test_the_crate_dependency_and_the_opening_markdown_are_required(self):
+        notebook = clean_notebook()
+        notebook["cells"] = notebook["cells"][2:]  # no markdown, no :dep
+        status, output = run_runner("--check-clean", str(self.write("02-bare.ipynb", notebook)))
+        self.assertEqual(status, 1, output)
+        self.assertIn("first cell must be markdown", output)
+        self.assertIn(':dep ddp-workbook = { path = ".." }', output)
+
+    def test_strip_brings_a_notebook_to_the_clean_form_and_changes_nothing_twice(self):
+        notebook = clean_notebook()
+        notebook["cells"][2]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["2\n"]}]
+        notebook["cells"][2]["execution_count"] = 1
+        path = self.write("03-strip.ipynb", notebook)
+        self.assertEqual(run_runner("--check-clean", str(path))[0], 1)
+        status, output = run_runner("--strip", str(path))
+        self.assertEqual(status, 0, output)
+        stripped = path.read_text(encoding="utf-8")
+        status, output = run_runner("--check-clean", str(path))
+        self.assertEqual(status, 0, output)
+        run_runner("--strip", str(path))
+        self.assertEqual(path.read_text(encoding="utf-8"), stripped)
+
+    def test_a_missing_notebook_is_a_failure_not_a_silent_pass(self):
+        status, output = run_runner("--check-clean", str(self.folder / "99-absent.ipynb"))
+        self.assertEqual(status, 1, output)
+        self.assertEqual(last_line(output), "0 passed, 1 failed")
+
+
+@unittest.skipIf(kernel_missing(), kernel_missing())
+class RunTest(unittest.TestCase):
+    """Runs the fixtures in the real kernel."""
+
+    @classmethod
+    def setUpClass(cls):
+        # Beside the fixtures, the notebooks' own evcxr.toml, as in notebooks/.
+        cls.folder = Path(tempfile.mkdtemp(prefix="run_notebooks_test_"))
+        cls.saved = cls.folder / "executed"
+        for fixture in ("planted_panic.ipynb", "thread_panic.ipynb", "passes.ipynb"):
+            shutil.copy(TESTDATA / fixture, cls.folder / fixture)
+        shutil.copy(EVCXR_TOML, cls.folder / "evcxr.toml")
+        # No evcxr.toml from the user's own config folder either.
+        cls.env = dict(os.environ, EVCXR_CONFIG_DIR=str(cls.folder / "no-user-config"))
+        cls.status, cls.output = run_runner(
+            "--save-executed",
+            str(cls.saved),
+            *(str(cls.folder / f) for f in ("planted_panic.ipynb", "thread_panic.ipynb", "passes.ipynb")),
+            env=cls.env,
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.folder)
+
+    def report_of(self, name: str) -> str:
+        """The runner's lines about one notebook: its status line and its problems."""
+        lines = self.output.splitlines()
+        start = next(i for i, line in enumerate(lines) if name in line and line[:4] in ("ok  ", "FAIL"))
+        end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+        return "\n".join(lines[start:end])
+
+    def test_the_summary_counts_one_pass_and_two_failures_and_the_exit_status_says_so(self):
+        self.assertEqual(last_line(self.output), "1 passed, 2 failed", self.output)
+        self.assertEqual(self.status, 1, self.output)
+
+    def test_a_panicking_cell_fails_the_notebook_as_a_cell_error_and_stops_it(self):
+        report = self.report_of("planted_panic.ipynb")
+        self.assertTrue(report.startswith("FAIL"), report)
+        # A cell error, not only stderr: evcxr read evcxr.toml from the notebook's folder.
+        self.assertIn("cell 3 (`panic!(", report)
+        self.assertIn("failed:", report)
+        self.assertIn("planted panic", report)
+        executed = json.loads((self.saved / "planted_panic.ipynb").read_text(encoding="utf-8"))
+        self.assertEqual(executed["cells"][3]["outputs"], [], "the cell after the panic must not run")
+
+    def test_a_caught_panic_fails_the_notebook_through_stderr(self):
+        report = self.report_of("thread_panic.ipynb")
+        self.assertTrue(report.startswith("FAIL"), report)
+        self.assertIn("cell 2 printed `panicked at` on stderr", report)
+        self.assertIn("planted panic in a thread", report)
+
+    def test_a_notebook_without_failures_passes(self):
+        report = self.report_of("passes.ipynb")
+        self.assertTrue(report.startswith("ok"), report)
+
+    def test_without_evcxr_toml_a_panic_still_fails_the_notebook_through_stderr(self):
+        bare = self.folder / "bare"
+        bare.mkdir()
+        shutil.copy(TESTDATA / "planted_panic.ipynb", bare / "planted_panic.ipynb")
+        status, output = run_runner(str(bare / "planted_panic.ipynb"), env=self.env)
+        self.assertEqual(status, 1, output)
+        self.assertIn("printed `panicked at` on stderr", output)
+        self.assertEqual(last_line(output), "0 passed, 1 failed")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
