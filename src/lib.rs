@@ -25,4 +25,5 @@ pub mod ch03_averaging;
 pub mod ch04_accumulation;
 pub mod ch05_bucketing;
 pub mod ch06_sharding;
+pub mod train;
 pub mod notebook;

@@ -1,0 +1,197 @@
+//! The real training run: the tiny GPT learns to sort sequences on several
+//! in-process ranks with the chapter-6 DDP wrapper, until its accuracy on
+//! held-out sequences passes a target.
+//!
+//! Run it:   cargo run --release --example train
+//! Flags:    cargo run --release --example train -- --help
+//!
+//! This file is only the command line: the flags, the progress bar and the
+//! final report. The loop itself is `ddp_workbook::train` (src/train/).
+//! Exit status: 0 when a finished run reached --target-accuracy on the
+//! held-out set (or was stopped early on purpose by --stop-after), 1 when it
+//! did not, 2 for bad flags or a failed run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use ddp_workbook::ch04_accumulation::micro_batch_size;
+use ddp_workbook::train::{self, default_threads_per_rank, Event, RankOutcome, TrainConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+
+// ANCHOR: flags
+/// Train the tiny GPT on the sorting task with Distributed Data Parallel
+/// (in-process ranks). Defaults reach the target accuracy in a few minutes
+/// on two CPU cores.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Number of ranks (threads of this process, in-process backend)
+    #[arg(long, default_value_t = TrainConfig::default().world_size)]
+    world_size: usize,
+    /// Sequences per rank per micro-batch
+    #[arg(long, default_value_t = TrainConfig::default().batch_size, conflicts_with = "global_batch_size")]
+    batch_size: usize,
+    /// Sequences per optimizer step over all ranks, instead of --batch-size: it must
+    /// divide into world-size x accum-steps equal micro-batches
+    #[arg(long)]
+    global_batch_size: Option<usize>,
+    /// Micro-batches accumulated per optimizer step (no_sync on all but the last)
+    #[arg(long, default_value_t = TrainConfig::default().accum_steps)]
+    accum_steps: usize,
+    /// Gradient bucket size in MiB (the first bucket gets at most 1 MiB)
+    #[arg(long, default_value_t = TrainConfig::default().bucket_cap_mb)]
+    bucket_cap_mb: f64,
+    /// Optimizer steps of the whole run
+    #[arg(long, default_value_t = TrainConfig::default().steps)]
+    steps: usize,
+    /// Seed of the model, the data and the shuffles
+    #[arg(long, default_value_t = TrainConfig::default().seed)]
+    seed: u64,
+    /// Peak learning rate (after warm-up; cosine decay to a tenth at the end)
+    #[arg(long, default_value_t = TrainConfig::default().lr)]
+    lr: f64,
+    #[arg(long, default_value_t = TrainConfig::default().warmup_steps)]
+    warmup_steps: usize,
+    /// AdamW's decoupled weight decay
+    #[arg(long, default_value_t = TrainConfig::default().weight_decay)]
+    weight_decay: f64,
+    /// Sequences in the training set (one epoch)
+    #[arg(long, default_value_t = TrainConfig::default().train_sequences)]
+    train_sequences: usize,
+    /// Write checkpoints to this file (rank 0 only, atomically)
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Write a checkpoint every N steps (and always after the last step)
+    #[arg(long, default_value_t = 0, requires = "checkpoint")]
+    checkpoint_every: usize,
+    /// Continue exactly from the --checkpoint file
+    #[arg(long, requires = "checkpoint")]
+    resume: bool,
+    /// Stop after step N as if the run were interrupted (then try --resume)
+    #[arg(long)]
+    stop_after: Option<usize>,
+    /// Log the loss, accuracy and speed every N steps
+    #[arg(long, default_value_t = TrainConfig::default().log_every)]
+    log_every: usize,
+    /// libtorch threads per rank [default: cores / world size, at least 1]
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Held-out accuracy the finished run must reach, or it exits with status 1
+    #[arg(long, default_value_t = 0.99)]
+    target_accuracy: f64,
+}
+// ANCHOR_END: flags
+
+impl Args {
+    /// The library's settings from the flags; a global batch that does not
+    /// split evenly is refused here with chapter 4's message.
+    fn config(&self) -> anyhow::Result<TrainConfig> {
+        let batch_size = match self.global_batch_size {
+            Some(global) => micro_batch_size(global as i64, self.world_size, self.accum_steps as i64)? as usize,
+            None => self.batch_size,
+        };
+        Ok(TrainConfig {
+            world_size: self.world_size,
+            batch_size,
+            accum_steps: self.accum_steps,
+            bucket_cap_mb: self.bucket_cap_mb,
+            steps: self.steps,
+            seed: self.seed,
+            lr: self.lr,
+            warmup_steps: self.warmup_steps,
+            weight_decay: self.weight_decay,
+            train_sequences: self.train_sequences,
+            log_every: self.log_every,
+            checkpoint: self.checkpoint.clone(),
+            checkpoint_every: self.checkpoint_every,
+            resume: self.resume,
+            stop_after: self.stop_after,
+            threads_per_rank: Some(self.threads.unwrap_or_else(|| default_threads_per_rank(self.world_size))),
+            ..TrainConfig::default()
+        })
+    }
+}
+
+// ANCHOR: on_event
+/// Rank 0's reports, drawn as a progress bar with log lines above it.
+fn report(bar: &ProgressBar, event: Event) {
+    match event {
+        Event::Started { first_step, last_step, parameters, buckets, config } => {
+            bar.set_length(last_step as u64);
+            bar.set_position(first_step as u64 - 1);
+            bar.suspend(|| {
+                println!(
+                    "tiny GPT, {parameters} parameters in {buckets} bucket(s); {} rank(s) x {} sequences x {} \
+                     micro-batch(es) = global batch {}; libtorch threads per rank: {}",
+                    config.world_size, config.batch_size, config.accum_steps, config.global_batch(),
+                    config.threads_per_rank.map_or("default".to_string(), |t| t.to_string())
+                );
+                if first_step > 1 {
+                    println!("resuming after step {} from the checkpoint", first_step - 1);
+                }
+            });
+        }
+        Event::Stepped { step } => bar.set_position(step as u64),
+        Event::Logged { step, loss, accuracy, lr, tokens_per_second } => bar.suspend(|| {
+            println!("step {step:>5} | loss {loss:.4} | accuracy {accuracy:.3} | lr {lr:.2e} | {tokens_per_second:>7.0} tokens/s")
+        }),
+        Event::Checkpointed { step, path } => bar.set_message(format!("checkpoint at step {step}: {}", path.display())),
+    }
+}
+// ANCHOR_END: on_event
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match args.config() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let bar = ProgressBar::new(config.steps as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}").unwrap());
+    let started = Instant::now();
+    let outcomes = train::train(&config, &|event| report(&bar, event));
+    bar.finish_and_clear();
+    match outcomes {
+        Ok(outcomes) => summarise(&config, &outcomes, started.elapsed().as_secs_f64(), args.target_accuracy),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+// ANCHOR: summary
+/// The final lines: speed, communication share, and the verdict.
+fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f64, target: f64) -> ExitCode {
+    let rank0 = &outcomes[0];
+    let sync_shares: Vec<String> = outcomes
+        .iter()
+        .map(|o| format!("{:.1}%", 100.0 * o.sync_time.as_secs_f64() / o.train_time.as_secs_f64().max(1e-9)))
+        .collect();
+    println!(
+        "{} steps in {wall_seconds:.1} s ({:.1} s in training steps): {:.0} tokens/s; gradient sync took {} \
+         of the step time (ranks 0..{})",
+        rank0.losses.len(), rank0.train_time.as_secs_f64(), rank0.tokens_per_second, sync_shares.join(", "),
+        config.world_size
+    );
+    let eval = rank0.evaluation.expect("rank 0 evaluates");
+    if rank0.last_step < config.steps {
+        println!(
+            "stopped after step {} of {} as asked (held-out accuracy {:.3} so far); continue with --resume",
+            rank0.last_step, config.steps, eval.accuracy
+        );
+        return ExitCode::SUCCESS;
+    }
+    let verdict = if eval.accuracy >= target { "PASS: reached" } else { "FAIL: missed" };
+    println!(
+        "{verdict} held-out accuracy {:.4} {} target {target} in {} steps (held-out loss {:.4})",
+        eval.accuracy, if eval.accuracy >= target { ">=" } else { "<" }, config.steps, eval.loss
+    );
+    if eval.accuracy >= target { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+// ANCHOR_END: summary

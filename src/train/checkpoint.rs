@@ -1,0 +1,272 @@
+//! Training checkpoints: one safetensors file that holds everything a run
+//! needs to continue exactly where it stopped. Written by rank 0 alone,
+//! atomically; read by every rank on `--resume`. Checked by
+//! `cargo test --test train`.
+//!
+//! The file's tensors, by name:
+//! - `model.<name>`: the unwrapped model's parameters and buffers, under
+//!   their `VarStore` names (so [`load_model_weights`] fills a fresh model);
+//! - `optim.<name>`: the optimizer's state ([`super::optim::AdamW::state`]);
+//! - `train.step`, `train.epoch`, `train.position`: where the loop stands;
+//! - `run.<setting>`: the settings that fix the run's numbers (seed, batch,
+//!   learning rate, ...), so that a resume with other settings is refused;
+//! - `train.checksum`: a hash of all the above, so that a damaged file is an
+//!   error and not a silently different model.
+
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use tch::nn::VarStore;
+use tch::{Kind, TchError, Tensor};
+
+/// Where the training loop stands after `step` optimizer steps: the next
+/// micro-batch is at `position` in this rank's shard of epoch `epoch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub step: i64,
+    pub epoch: i64,
+    pub position: i64,
+}
+
+/// One value of a run setting, as the checkpoint stores it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Setting {
+    Int(i64),
+    Float(f64),
+}
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Setting::Int(value) => write!(f, "{value}"),
+            Setting::Float(value) => write!(f, "{value}"),
+        }
+    }
+}
+
+/// Everything in a checkpoint file, as named tensors and numbers.
+pub struct Checkpoint {
+    /// Parameters and buffers of the unwrapped model, by `VarStore` name.
+    pub model: Vec<(String, Tensor)>,
+    /// The optimizer's state, by the names its `state()` gave them.
+    pub optimizer: Vec<(String, Tensor)>,
+    pub progress: Progress,
+    /// The run settings this checkpoint was trained with.
+    pub settings: Vec<(String, Setting)>,
+}
+
+/// Why a checkpoint could not be written or used. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(
+        "--resume: there is no checkpoint file at {path}. Start the run without --resume \
+         (with --checkpoint {path} it writes one), or point --checkpoint at an existing file"
+    )]
+    Missing { path: PathBuf },
+
+    #[error(
+        "cannot read the checkpoint {path}: {source}. The file is damaged or is not a \
+         checkpoint of this program; delete it and start again without --resume"
+    )]
+    Unreadable { path: PathBuf, source: TchError },
+
+    #[error(
+        "{path} is not a usable checkpoint of this training run: {detail}. Delete it and start \
+         again without --resume"
+    )]
+    Invalid { path: PathBuf, detail: String },
+
+    #[error(
+        "{path} was written by a run with other settings ({detail}). An exact resume needs the \
+         same settings: rerun with those values, or start a new run without --resume"
+    )]
+    SettingsDiffer { path: PathBuf, detail: String },
+
+    #[error("cannot write the checkpoint {path}: {detail}")]
+    Write { path: PathBuf, detail: String },
+}
+
+/// The file a checkpoint is written to before it is renamed over `path`.
+pub fn temporary_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+// ANCHOR: save
+/// Writes `checkpoint` to `path` atomically: to `path.tmp` first, flushed
+/// to disk, then renamed over `path`. A crash at any moment leaves either
+/// the previous checkpoint or the new one, never half a file.
+pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+    let fail = |detail: String| CheckpointError::Write { path: path.to_path_buf(), detail };
+    let mut tensors = entries(checkpoint);
+    tensors.push(("train.checksum".to_string(), Tensor::from_slice(&[checksum(&tensors)])));
+    let tmp = temporary_path(path);
+    Tensor::write_safetensors(&tensors, &tmp).map_err(|e| fail(format!("writing {}: {e}", tmp.display())))?;
+    // fsync: the bytes must be on disk before the rename makes them "the" checkpoint.
+    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| fail(format!("flushing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| fail(format!("renaming {} to it: {e}", tmp.display())))?;
+    // And the rename itself: flush the folder's entry list (best effort, not
+    // every platform lets a folder be opened as a file).
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if let Ok(dir) = File::open(folder) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+// ANCHOR_END: save
+
+/// The tensors of `checkpoint` under their file names, without the checksum.
+fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    for (name, tensor) in &checkpoint.model {
+        tensors.push((format!("model.{name}"), tensor.detach().contiguous()));
+    }
+    for (name, tensor) in &checkpoint.optimizer {
+        tensors.push((format!("optim.{name}"), tensor.detach().contiguous()));
+    }
+    let Progress { step, epoch, position } = checkpoint.progress;
+    for (name, value) in [("step", step), ("epoch", epoch), ("position", position)] {
+        tensors.push((format!("train.{name}"), Tensor::from_slice(&[value])));
+    }
+    for (name, setting) in &checkpoint.settings {
+        let value = match *setting {
+            Setting::Int(v) => Tensor::from_slice(&[v]),
+            Setting::Float(v) => Tensor::from_slice(&[v]),
+        };
+        tensors.push((format!("run.{name}"), value));
+    }
+    tensors
+}
+
+/// FNV-1a, 64 bits, over every tensor's name, dtype, shape and bytes, in
+/// name order. Not cryptographic: it catches damage, not tampering.
+fn checksum(tensors: &[(String, Tensor)]) -> i64 {
+    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &byte in bytes {
+            hash = (hash ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for (name, tensor) in sorted {
+        eat(name.as_bytes());
+        eat(format!("{:?}{:?}", tensor.kind(), tensor.size()).as_bytes());
+        let numel = tensor.numel();
+        let mut bytes = vec![0u8; numel * tensor.kind().elt_size_in_bytes()];
+        if tensor.f_copy_data_u8(&mut bytes, numel).is_err() {
+            eat(b"unreadable");
+        }
+        eat(&bytes);
+    }
+    hash as i64
+}
+
+// ANCHOR: load
+/// Reads the checkpoint at `path` and checks its checksum. It does not
+/// check that it fits a model: [`Checkpoint::check_settings`] and the
+/// loaders that copy its tensors do.
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    if !path.is_file() {
+        return Err(CheckpointError::Missing { path: path.to_path_buf() });
+    }
+    let invalid = |detail: String| CheckpointError::Invalid { path: path.to_path_buf(), detail };
+    let mut tensors = Tensor::read_safetensors(path)
+        .map_err(|source| CheckpointError::Unreadable { path: path.to_path_buf(), source })?;
+    let stored = match tensors.iter().position(|(name, _)| name == "train.checksum") {
+        Some(i) => int_value(&tensors.swap_remove(i).1),
+        None => None,
+    };
+    let stored = stored.ok_or_else(|| invalid("it has no `train.checksum` entry".into()))?;
+    if stored != checksum(&tensors) {
+        return Err(invalid("its checksum does not match its contents: the file was damaged".into()));
+    }
+    let mut checkpoint =
+        Checkpoint { model: vec![], optimizer: vec![], progress: Progress { step: -1, epoch: -1, position: -1 }, settings: vec![] };
+    for (name, tensor) in tensors {
+        if let Some(rest) = name.strip_prefix("model.") {
+            checkpoint.model.push((rest.to_string(), tensor));
+        } else if let Some(rest) = name.strip_prefix("optim.") {
+            checkpoint.optimizer.push((rest.to_string(), tensor));
+        } else if let Some(rest) = name.strip_prefix("run.") {
+            let setting = match tensor.kind() {
+                Kind::Double if tensor.numel() == 1 => Setting::Float(tensor.double_value(&[0])),
+                _ => Setting::Int(int_value(&tensor).ok_or_else(|| invalid(format!("`{name}` is not a number")))?),
+            };
+            checkpoint.settings.push((rest.to_string(), setting));
+        } else {
+            let value = int_value(&tensor).ok_or_else(|| invalid(format!("`{name}` is not a number")))?;
+            match name.as_str() {
+                "train.step" => checkpoint.progress.step = value,
+                "train.epoch" => checkpoint.progress.epoch = value,
+                "train.position" => checkpoint.progress.position = value,
+                _ => return Err(invalid(format!("unknown entry `{name}`"))),
+            }
+        }
+    }
+    let Progress { step, epoch, position } = checkpoint.progress;
+    if step < 0 || epoch < 0 || position < 0 {
+        return Err(invalid(format!("train.step/epoch/position missing or negative ({step}/{epoch}/{position})")));
+    }
+    Ok(checkpoint)
+}
+// ANCHOR_END: load
+
+/// The single i64 in a one-element integer tensor.
+fn int_value(tensor: &Tensor) -> Option<i64> {
+    (tensor.kind() == Kind::Int64 && tensor.numel() == 1).then(|| tensor.int64_value(&[0]))
+}
+
+impl Checkpoint {
+    /// Fails, listing every difference, unless this checkpoint was written
+    /// with exactly the `expected` settings.
+    pub fn check_settings(&self, path: &Path, expected: &[(String, Setting)]) -> Result<(), CheckpointError> {
+        let mut differences = Vec::new();
+        for (name, wanted) in expected {
+            match self.settings.iter().find(|(n, _)| n == name) {
+                Some((_, saved)) if saved == wanted => {}
+                Some((_, saved)) => differences.push(format!("{name}: checkpoint {saved}, this run {wanted}")),
+                None => differences.push(format!("{name}: not in the checkpoint, this run {wanted}")),
+            }
+        }
+        if differences.is_empty() {
+            Ok(())
+        } else {
+            Err(CheckpointError::SettingsDiffer { path: path.to_path_buf(), detail: differences.join("; ") })
+        }
+    }
+
+    /// Copies the saved model tensors into `named` (a model's parameters or
+    /// buffers, by name), failing on a missing name, shape or dtype.
+    pub fn restore_model(&self, path: &Path, named: &[(String, Tensor)]) -> Result<(), CheckpointError> {
+        copy_named(&self.model, named).map_err(|detail| CheckpointError::Invalid { path: path.to_path_buf(), detail })
+    }
+}
+
+/// Copies `saved[name]` into each `(name, target)` of `targets`.
+fn copy_named(saved: &[(String, Tensor)], targets: &[(String, Tensor)]) -> Result<(), String> {
+    for (name, target) in targets {
+        let Some((_, value)) = saved.iter().find(|(n, _)| n == name) else {
+            return Err(format!("the model has `{name}`, the checkpoint does not"));
+        };
+        if value.size() != target.size() || value.kind() != target.kind() {
+            return Err(format!(
+                "`{name}` is {:?} {:?} in the checkpoint but {:?} {:?} in the model",
+                value.kind(), value.size(), target.kind(), target.size()
+            ));
+        }
+        tch::no_grad(|| target.shallow_clone().copy_(value));
+    }
+    Ok(())
+}
+
+/// Fills every variable of `vs` (parameters and buffers) with the weights
+/// of the checkpoint at `path`: how to use a trained model outside the loop.
+pub fn load_model_weights(vs: &VarStore, path: &Path) -> Result<(), CheckpointError> {
+    let checkpoint = load(path)?;
+    let mut variables: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    variables.sort_by(|a, b| a.0.cmp(&b.0)); // errors name the same variable every time
+    checkpoint.restore_model(path, &variables)
+}

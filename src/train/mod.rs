@@ -1,0 +1,253 @@
+//! A real training run: the tiny GPT learns the sorting task on several
+//! in-process ranks with the chapter-6 DDP wrapper, logs and checkpoints on
+//! rank 0 alone, and can resume exactly where a checkpoint left off.
+//!
+//! Run it:      `cargo run --release --example train` (flags: `-- --help`)
+//! Its tests:   `cargo test --test train`
+//!
+//! - this file: the run's settings ([`TrainConfig`]) and their checks, the
+//!   events rank 0 reports, and [`train`], which spawns the ranks;
+//! - `run.rs`: what every rank does, step by step ([`train_rank`]);
+//! - `optim.rs`: AdamW with its state in named tensors, so it can be saved;
+//! - `checkpoint.rs`: the checkpoint file, written atomically.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tch::Tensor;
+
+use crate::dist::{spawn, SpawnError};
+
+pub mod checkpoint;
+pub mod optim;
+mod run;
+
+pub use checkpoint::{Checkpoint, CheckpointError, Progress, Setting};
+pub use optim::AdamW;
+pub use run::{evaluate, lr_at, train_rank};
+
+// ANCHOR: config
+/// Everything that defines a training run. `TrainConfig::default()` is the
+/// run of `cargo run --release --example train`.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Ranks (threads of this process, in-process backend).
+    pub world_size: usize,
+    /// Sequences per rank per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step: global batch = batch_size x accum_steps x world_size.
+    pub accum_steps: usize,
+    /// Bucket cap in MiB (PyTorch's `bucket_cap_mb`); the first bucket gets
+    /// at most 1 MiB, as in PyTorch.
+    pub bucket_cap_mb: f64,
+    /// Optimizer steps of the whole run.
+    pub steps: usize,
+    /// Seeds the model, the data and the sampler's shuffles.
+    pub seed: u64,
+    /// Peak learning rate, reached after `warmup_steps`, then cosine decay to a tenth.
+    pub lr: f64,
+    pub warmup_steps: usize,
+    /// AdamW's decoupled weight decay.
+    pub weight_decay: f64,
+    /// Sequences in the training set (an epoch), and in the held-out set.
+    pub train_sequences: usize,
+    pub eval_sequences: usize,
+    /// Rank 0 logs the global batch's loss and accuracy every this many steps.
+    pub log_every: usize,
+    /// Where rank 0 writes checkpoints; `None`: no checkpoints.
+    pub checkpoint: Option<PathBuf>,
+    /// Write one every this many steps (and always at the end); 0: only at the end.
+    pub checkpoint_every: usize,
+    /// Continue from the checkpoint file instead of starting afresh.
+    pub resume: bool,
+    /// Stop after this step as if the run had been interrupted (to try `resume`).
+    pub stop_after: Option<usize>,
+    /// libtorch's intra-op threads for each rank; `None` leaves libtorch's default.
+    pub threads_per_rank: Option<usize>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            world_size: 2,
+            batch_size: 16,
+            accum_steps: 2,
+            bucket_cap_mb: 25.0,
+            steps: 600,
+            seed: 1337,
+            lr: 3e-3,
+            warmup_steps: 50,
+            weight_decay: 0.0,
+            train_sequences: 20_000,
+            eval_sequences: 2_000,
+            log_every: 50,
+            checkpoint: None,
+            checkpoint_every: 0,
+            resume: false,
+            stop_after: None,
+            threads_per_rank: Some(default_threads_per_rank(2)),
+        }
+    }
+}
+// ANCHOR_END: config
+
+/// The cores of this machine shared out among `world_size` ranks, at least
+/// one each. All ranks share one libtorch, whose thread pool would otherwise
+/// give every rank's ops all the cores, and the ranks would fight over them.
+pub fn default_threads_per_rank(world_size: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / world_size.max(1)).max(1)
+}
+
+/// A setting that cannot make a run. Each message says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name} must be at least 1, got 0")]
+    Zero { name: &'static str },
+    #[error("{name} must be a positive, finite number, got {value}")]
+    NotPositive { name: &'static str, value: f64 },
+    #[error("weight_decay must be a finite number >= 0, got {0}")]
+    NegativeDecay(f64),
+    #[error(
+        "{train_sequences} training sequences over {world_size} rank(s) leave each rank {shard}, fewer \
+         than one micro-batch of {batch_size}: use more sequences, fewer ranks or a smaller batch"
+    )]
+    TooLittleData { train_sequences: usize, world_size: usize, shard: usize, batch_size: usize },
+    #[error("{0} needs a checkpoint file: add --checkpoint PATH")]
+    NoCheckpointPath(&'static str),
+    #[error("stop_after ({stop_after}) must lie between 1 and steps ({steps}) - 1 to interrupt the run")]
+    StopAfter { stop_after: usize, steps: usize },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+impl TrainConfig {
+    /// Sequences per optimizer step over all ranks.
+    pub fn global_batch(&self) -> usize {
+        self.batch_size * self.accum_steps * self.world_size
+    }
+
+    /// Checks every setting, and on `resume` the checkpoint file (it exists,
+    /// is intact, and was written with these settings).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, value) in [
+            ("world_size", self.world_size),
+            ("batch_size", self.batch_size),
+            ("accum_steps", self.accum_steps),
+            ("steps", self.steps),
+            ("log_every", self.log_every),
+            ("eval_sequences", self.eval_sequences),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero { name });
+            }
+        }
+        if self.threads_per_rank == Some(0) {
+            return Err(ConfigError::Zero { name: "threads_per_rank" });
+        }
+        for (name, value) in [("lr", self.lr), ("bucket_cap_mb", self.bucket_cap_mb)] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(ConfigError::NotPositive { name, value });
+            }
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(ConfigError::NegativeDecay(self.weight_decay));
+        }
+        // The sampler pads every shard to ceil(n / world_size) sequences.
+        let shard = self.train_sequences.div_ceil(self.world_size);
+        if self.train_sequences == 0 || shard < self.batch_size {
+            let (train_sequences, world_size, batch_size) = (self.train_sequences, self.world_size, self.batch_size);
+            return Err(ConfigError::TooLittleData { train_sequences, world_size, shard, batch_size });
+        }
+        if let Some(stop_after) = self.stop_after {
+            if stop_after == 0 || stop_after >= self.steps {
+                return Err(ConfigError::StopAfter { stop_after, steps: self.steps });
+            }
+        }
+        match &self.checkpoint {
+            None if self.resume => Err(ConfigError::NoCheckpointPath("--resume")),
+            None if self.checkpoint_every > 0 => Err(ConfigError::NoCheckpointPath("--checkpoint-every")),
+            Some(path) if self.resume => {
+                run::load_for_resume(path, self)?;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The settings that fix the run's numbers, to the last bit. A checkpoint
+    /// stores them and a resume must match them all; the others (bucket cap,
+    /// log and checkpoint intervals, stop_after) change nothing but speed and
+    /// output: a gradient is summed the same way whatever bucket carries it.
+    pub fn settings(&self) -> Vec<(String, Setting)> {
+        let int = |name: &str, v: usize| (name.to_string(), Setting::Int(v as i64));
+        let float = |name: &str, v: f64| (name.to_string(), Setting::Float(v));
+        vec![
+            int("world_size", self.world_size),
+            int("batch_size", self.batch_size),
+            int("accum_steps", self.accum_steps),
+            int("steps", self.steps),
+            ("seed".to_string(), Setting::Int(self.seed as i64)),
+            float("lr", self.lr),
+            int("warmup_steps", self.warmup_steps),
+            float("weight_decay", self.weight_decay),
+            int("train_sequences", self.train_sequences),
+            // libtorch splits sums over its threads: another count rounds differently.
+            int("threads_per_rank", self.threads_per_rank.unwrap_or(0)),
+        ]
+    }
+}
+
+/// What rank 0 reports while it trains; the other ranks report nothing.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// Training starts (or resumes) at `first_step`, for steps up to `last_step`.
+    Started { first_step: usize, last_step: usize, parameters: i64, buckets: usize, config: &'a TrainConfig },
+    /// Optimizer step `step` (counted from 1) is done.
+    Stepped { step: usize },
+    /// The global batch's mean loss and accuracy at `step`, and the speed since the last log.
+    Logged { step: usize, loss: f64, accuracy: f64, lr: f64, tokens_per_second: f64 },
+    Checkpointed { step: usize, path: &'a std::path::Path },
+}
+
+/// How the held-out set fares: mean masked loss and accuracy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    pub loss: f64,
+    pub accuracy: f64,
+}
+
+/// What one rank returns when the run ends.
+#[derive(Debug)]
+pub struct RankOutcome {
+    pub rank: usize,
+    /// The step reached (== steps unless `stop_after` interrupted the run).
+    pub last_step: usize,
+    /// This rank's loss (mean over its micro-batches) at each step it ran.
+    pub losses: Vec<f64>,
+    /// The trained parameters and buffers, detached copies, by `VarStore` name.
+    pub weights: Vec<(String, Tensor)>,
+    /// Rank 0 only: the model on the held-out set after the last step.
+    pub evaluation: Option<Evaluation>,
+    /// Time in the training steps (checkpoints and evaluation not counted),
+    /// and the part of it spent in gradient syncs (chapter 6's clock).
+    pub train_time: Duration,
+    pub sync_time: Duration,
+    /// Input tokens of all ranks per second of `train_time`.
+    pub tokens_per_second: f64,
+}
+
+// ANCHOR: train
+/// Runs `config` on `config.world_size` in-process ranks and returns every
+/// rank's outcome, in rank order. `on_event` is called by rank 0 only.
+pub fn train(config: &TrainConfig, on_event: &(dyn Fn(Event) + Sync)) -> anyhow::Result<Vec<RankOutcome>> {
+    config.validate()?; // bad settings or a bad checkpoint: one clear error, before any rank starts
+    let outcomes = spawn(config.world_size, |pg| train_rank(pg, config, on_event)).map_err(explain)?;
+    Ok(outcomes)
+}
+// ANCHOR_END: train
+
+/// A spawn failure as an error whose first line is the first rank's cause.
+fn explain(error: SpawnError) -> anyhow::Error {
+    anyhow::anyhow!("training failed: {error}")
+}

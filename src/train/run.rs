@@ -1,0 +1,229 @@
+//! What every rank of the training run does, from building its replica to
+//! its last step. `train` in `mod.rs` runs [`train_rank`] on every rank.
+//!
+//! Run it:     `cargo run --release --example train`
+//! Its tests:  `cargo test --test train`
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tch::{Kind, Tensor};
+
+use super::checkpoint::{self, Checkpoint, CheckpointError, Progress};
+use super::optim::AdamW;
+use super::{Evaluation, Event, RankOutcome, TrainConfig};
+use crate::ch05_bucketing::{DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB};
+use crate::ch06_sharding::{rows, solution, DistributedSampler, SimpleDistributedDataParallelism};
+use crate::check::snapshot;
+use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
+use crate::dist::Group;
+use crate::models::{named_buffers, named_parameters, Gpt, GptConfig};
+
+// ANCHOR: lr_at
+/// The learning rate of optimizer step `step` (counted from 0): a linear
+/// warm-up to `config.lr` over `warmup_steps`, then a cosine decay to a
+/// tenth of it at the last step. It depends on the step alone, so a resumed
+/// run follows the same schedule.
+pub fn lr_at(config: &TrainConfig, step: usize) -> f64 {
+    if step < config.warmup_steps {
+        return config.lr * (step + 1) as f64 / config.warmup_steps as f64;
+    }
+    let decay_steps = config.steps.saturating_sub(config.warmup_steps).max(1);
+    let progress = ((step - config.warmup_steps) as f64 / decay_steps as f64).min(1.0); // 0 -> 1
+    let min_lr = config.lr / 10.0;
+    min_lr + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (config.lr - min_lr)
+}
+// ANCHOR_END: lr_at
+
+/// Where this rank is in its stream of examples: its shard of the current
+/// epoch and the position of the next micro-batch in it.
+struct ShardCursor {
+    sampler: DistributedSampler,
+    shard: Vec<i64>,
+    position: usize,
+}
+
+impl ShardCursor {
+    fn new(mut sampler: DistributedSampler, epoch: u64, position: usize) -> ShardCursor {
+        sampler.set_epoch(epoch);
+        let shard = reference_shard(&sampler);
+        ShardCursor { sampler, shard, position }
+    }
+
+    /// The next `len` example indices. An epoch's tail shorter than `len` is
+    /// skipped; every rank's shard has the same length, so all skip alike.
+    fn next_micro_batch(&mut self, len: usize) -> &[i64] {
+        if self.position + len > self.shard.len() {
+            self.sampler.set_epoch(self.sampler.epoch() + 1); // a new shuffle, the same on every rank
+            self.shard = reference_shard(&self.sampler);
+            self.position = 0;
+        }
+        self.position += len;
+        &self.shard[self.position - len..self.position]
+    }
+}
+
+/// This rank's indices for the sampler's epoch, cut by chapter 6's REFERENCE
+/// `shard_indices` (`sampler.indices()` would call the learner's exercise).
+fn reference_shard(sampler: &DistributedSampler) -> Vec<i64> {
+    let order = sampler.epoch_order();
+    solution::shard_indices(&order, sampler.num_replicas(), sampler.rank(), sampler.drop_last())
+}
+
+/// Inputs, targets and mask of the sequences at `indices` of `task`.
+fn micro_batch(task: &TokenTask, indices: &[i64]) -> (Tensor, Tensor, Tensor) {
+    let picked = TokenTask { sequences: rows(&task.sequences, indices), ..*task };
+    picked.batch(0, indices.len() as i64) // [len, seq_len] each
+}
+
+// ANCHOR: train_rank
+/// One rank's whole run: build the replica (or restore it from the
+/// checkpoint), wrap it, then step through its shard of the data.
+pub fn train_rank(pg: Group, config: &TrainConfig, on_event: &(dyn Fn(Event) + Sync)) -> anyhow::Result<RankOutcome> {
+    if let Some(threads) = config.threads_per_rank {
+        tch::set_num_threads(threads as i32); // ranks share the cores: do not oversubscribe them
+    }
+    let rank = pg.rank();
+    // ANCHOR: setup
+    let task = TokenTask::standard(config.seed as i64, config.train_sequences as i64);
+    let gpt_config = GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
+    // Same seed on every rank: the same initial weights (chapter 2).
+    let (vs, gpt) = Gpt::seeded(config.seed as i64, &gpt_config, Kind::Float);
+
+    let saved = match (&config.checkpoint, config.resume) {
+        (Some(path), true) => Some((path, load_for_resume(path, config)?)),
+        _ => None,
+    };
+    if let Some((path, saved)) = &saved {
+        saved.restore_model(path, &named_parameters(&vs))?; // every rank reads the same file
+        saved.restore_model(path, &named_buffers(&vs))?;
+    }
+    // Checks that every rank holds the same weights, then plans the buckets.
+    let cap = ((config.bucket_cap_mb * MIB as f64) as usize).max(1);
+    let first_cap = cap.min(DEFAULT_FIRST_BUCKET_CAP_BYTES);
+    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(gpt, &vs, pg.clone(), cap, first_cap)?;
+    let mut optimizer = AdamW::new(ddp.parameters(), config.lr, config.weight_decay);
+    let mut progress = Progress { step: 0, epoch: 0, position: 0 };
+    if let Some((path, saved)) = &saved {
+        let invalid = |detail| CheckpointError::Invalid { path: path.to_path_buf(), detail };
+        optimizer.load_state(&saved.optimizer).map_err(invalid)?;
+        progress = saved.progress;
+    }
+    let sampler = DistributedSampler::for_group(pg.as_ref(), task.len(), true, config.seed, false)?;
+    let mut cursor = ShardCursor::new(sampler, progress.epoch as u64, progress.position as usize);
+    // ANCHOR_END: setup
+
+    let (first_step, last_step) = (progress.step as usize + 1, config.stop_after.unwrap_or(config.steps));
+    if rank == 0 {
+        let parameters = ddp.parameters().iter().map(|(_, p)| p.numel() as i64).sum();
+        on_event(Event::Started { first_step, last_step, parameters, buckets: ddp.buckets().len(), config });
+    }
+    let tokens_per_step = (config.global_batch() as i64 * task.seq_len()) as f64;
+    let k = config.accum_steps;
+    let (mut losses, mut train_time, mut window) = (Vec::new(), Duration::ZERO, (Duration::ZERO, 0));
+    for step in first_step..=last_step {
+        // ANCHOR: step
+        let started = Instant::now();
+        optimizer.lr = lr_at(config, step - 1);
+        optimizer.zero_grad(); // backward ADDS to .grad: clear the last step's
+        let mut rank_loss = 0.0;
+        let mut last_micro_batch = None;
+        for i in 0..k {
+            let (inputs, targets, mask) = micro_batch(&task, cursor.next_micro_batch(config.batch_size));
+            let logits = ddp.forward(&inputs); // [batch, seq, vocab]
+            let loss = masked_cross_entropy(&logits, &targets, &mask) / k as f64; // [], divided by k (chapter 4)
+            if i + 1 < k {
+                let _no_sync = ddp.no_sync();
+                ddp.backward(&loss)?; // accumulate on this rank, send nothing
+            } else {
+                ddp.backward(&loss)?; // accumulate, then average over ranks: one all-reduce per bucket
+                last_micro_batch = Some((logits, targets, mask));
+            }
+            rank_loss += loss.double_value(&[]);
+        }
+        optimizer.step().with_context(|| format!("rank {rank}: optimizer step {step}"))?;
+        let elapsed = started.elapsed();
+        train_time += elapsed;
+        window = (window.0 + elapsed, window.1 + 1);
+        losses.push(rank_loss);
+        progress = Progress { step: step as i64, epoch: cursor.sampler.epoch() as i64, position: cursor.position as i64 };
+        // ANCHOR_END: step
+
+        // ANCHOR: rank0
+        if step % config.log_every == 0 || step == last_step {
+            // Every rank takes part in the two all-reduces; rank 0 alone prints.
+            let (logits, targets, mask) = last_micro_batch.expect("k >= 1 micro-batches");
+            let accuracy = tch::no_grad(|| masked_accuracy(&logits, &targets, &mask));
+            let (loss, accuracy) = (ddp.mean_over_ranks(rank_loss)?, ddp.mean_over_ranks(accuracy)?);
+            let tokens_per_second = window.1 as f64 * tokens_per_step / window.0.as_secs_f64();
+            if rank == 0 {
+                on_event(Event::Logged { step, loss, accuracy, lr: optimizer.lr, tokens_per_second });
+            }
+            window = (Duration::ZERO, 0);
+        }
+        if rank == 0 {
+            on_event(Event::Stepped { step });
+            if let Some(path) = checkpoint_due(config, step) {
+                let model = model_tensors(&vs); // the unwrapped model's weights
+                let state = Checkpoint { model, optimizer: optimizer.state(), progress, settings: config.settings() };
+                checkpoint::save(path, &state)?;
+                on_event(Event::Checkpointed { step, path });
+            }
+        }
+        // ANCHOR_END: rank0
+    }
+    let sync_time = ddp.sync_time();
+    let evaluation = (rank == 0).then(|| evaluate(ddp.module(), config));
+    let weights = snapshot(&model_tensors(&vs));
+    let tokens_per_second = losses.len() as f64 * tokens_per_step / train_time.as_secs_f64().max(1e-9);
+    Ok(RankOutcome { rank, last_step, losses, weights, evaluation, train_time, sync_time, tokens_per_second })
+}
+// ANCHOR_END: train_rank
+
+/// The model's parameters, then its buffers: what a checkpoint saves of it.
+fn model_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
+    named_parameters(vs).into_iter().chain(named_buffers(vs)).collect()
+}
+
+/// The checkpoint file if one is due after `step`: every `checkpoint_every`
+/// steps, and after the last step of the run.
+fn checkpoint_due(config: &TrainConfig, step: usize) -> Option<&std::path::Path> {
+    let every = config.checkpoint_every;
+    let due = step == config.steps || (every > 0 && step % every == 0);
+    config.checkpoint.as_deref().filter(|_| due)
+}
+
+/// Reads the checkpoint to resume from and checks that it fits this run:
+/// intact, written with the same settings, and not past the run's end.
+pub(super) fn load_for_resume(path: &std::path::Path, config: &TrainConfig) -> Result<Checkpoint, CheckpointError> {
+    let saved = checkpoint::load(path)?;
+    saved.check_settings(path, &config.settings())?;
+    if saved.progress.step as usize > config.steps {
+        let detail = format!("it is at step {}, past this run's {} steps", saved.progress.step, config.steps);
+        return Err(CheckpointError::Invalid { path: path.to_path_buf(), detail });
+    }
+    if let Some(stop_after) = config.stop_after.filter(|&s| s as i64 <= saved.progress.step) {
+        let detail = format!("it is at step {}, already past --stop-after {stop_after}", saved.progress.step);
+        return Err(CheckpointError::Invalid { path: path.to_path_buf(), detail });
+    }
+    Ok(saved)
+}
+
+/// The model's masked loss and accuracy on the held-out sequences (drawn
+/// from `seed + 1`, never trained on).
+pub fn evaluate(model: &Gpt, config: &TrainConfig) -> Evaluation {
+    let held_out = TokenTask::standard(config.seed as i64 + 1, config.eval_sequences as i64);
+    let (mut loss, mut accuracy) = (0.0, 0.0);
+    tch::no_grad(|| {
+        for start in (0..held_out.len()).step_by(500) {
+            let len = (held_out.len() - start).min(500);
+            let (inputs, targets, mask) = held_out.batch(start, len);
+            let logits = tch::nn::Module::forward(model, &inputs); // [len, seq, vocab]
+            // Every sequence has the same number of scored positions: weigh chunks by length.
+            loss += masked_cross_entropy(&logits, &targets, &mask).double_value(&[]) * len as f64;
+            accuracy += masked_accuracy(&logits, &targets, &mask) * len as f64;
+        }
+    });
+    let n = held_out.len() as f64;
+    Evaluation { loss: loss / n, accuracy: accuracy / n }
+}

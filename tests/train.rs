@@ -1,0 +1,239 @@
+//! Tests of the real training run (`src/train/`): the hand-written AdamW
+//! against libtorch's, exact resume from a checkpoint (with controls that
+//! show what breaks it), the checkpoint file itself, bad settings, and that
+//! a short run learns. Run: `cargo test --test train`
+//! (add `-- --nocapture` to see the measured numbers).
+
+use std::path::{Path, PathBuf};
+
+use ddp_workbook::check::{compare_replicas, max_reference_diff, snapshot};
+use ddp_workbook::data::{masked_cross_entropy, TokenTask};
+use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
+use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
+use ddp_workbook::tch::{Kind, Tensor};
+use ddp_workbook::train::{self, checkpoint, AdamW, CheckpointError, ConfigError, RankOutcome, TrainConfig};
+
+/// A run small enough for a debug build: 2 ranks, micro-batches of 4, 2 of
+/// them per step, and 40 sequences, so every rank's shard (20) lasts 2.5
+/// steps and both halves of a 12-step run cross epoch boundaries.
+fn small_run(checkpoint: Option<PathBuf>) -> TrainConfig {
+    TrainConfig {
+        world_size: 2,
+        batch_size: 4,
+        accum_steps: 2,
+        bucket_cap_mb: 0.1, // 0.1 MiB: the 0.4 MB model needs several buckets
+        steps: 12,
+        warmup_steps: 3,
+        train_sequences: 40,
+        eval_sequences: 16,
+        log_every: 4,
+        checkpoint,
+        threads_per_rank: Some(1),
+        ..TrainConfig::default()
+    }
+}
+
+fn run(config: &TrainConfig) -> Vec<RankOutcome> {
+    train::train(config, &|_| {}).unwrap_or_else(|e| panic!("the training run failed: {e:#}"))
+}
+
+/// A fresh folder for this test's files (removed first if a previous run left it).
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ddp-workbook-train-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("cannot create a scratch folder");
+    dir
+}
+
+/// Panics, naming the first tensor that differs, unless `a` and `b` are bitwise equal.
+fn assert_bitwise_equal(a: &[(String, Tensor)], b: &[(String, Tensor)], what: &str) {
+    let largest = max_reference_diff(a, b);
+    assert!(largest == 0.0, "{what}: the weights differ, largest difference {largest:e} (must be bitwise equal)");
+}
+
+#[test]
+fn adamw_computes_the_same_update_as_libtorch() {
+    // The same f64 model twice; one trained by libtorch's optimizer, one by ours.
+    let cfg = GptConfig { vocab_size: 16, block_size: 32, n_layer: 1, n_head: 2, n_embd: 16 };
+    let task = TokenTask::standard(5, 8);
+    let (inputs, targets, mask) = task.batch(0, 8);
+    for weight_decay in [0.0, 0.1] {
+        let (vs_ref, gpt_ref) = Gpt::seeded(3, &cfg, Kind::Double);
+        let (vs_ours, gpt_ours) = Gpt::seeded(3, &cfg, Kind::Double);
+        let lr = 1e-2;
+        let mut reference = if weight_decay == 0.0 {
+            nn::Adam::default().build(&vs_ref, lr).unwrap() // plain Adam
+        } else {
+            nn::AdamW { wd: weight_decay, ..Default::default() }.build(&vs_ref, lr).unwrap()
+        };
+        let mut ours = AdamW::new(&named_parameters(&vs_ours), lr, weight_decay);
+        for _ in 0..5 {
+            reference.zero_grad();
+            masked_cross_entropy(&gpt_ref.forward(&inputs), &targets, &mask).backward();
+            reference.step();
+            ours.zero_grad();
+            masked_cross_entropy(&gpt_ours.forward(&inputs), &targets, &mask).backward();
+            ours.step().unwrap();
+        }
+        let diff = max_reference_diff(&named_parameters(&vs_ours), &named_parameters(&vs_ref));
+        println!("weight decay {weight_decay}: after 5 steps our AdamW is {diff:e} from libtorch's");
+        // Same operations in the same order, but libtorch computes `a + alpha * b`
+        // in one kernel, which can round differently from our two: ~1e-14 here.
+        assert!(diff <= 1e-12, "weight decay {weight_decay}: AdamW differs from libtorch's by {diff:e} after 5 steps");
+    }
+}
+
+// ANCHOR: resume_test
+#[test]
+fn resume_from_a_checkpoint_ends_bitwise_equal_to_an_uninterrupted_run() {
+    let dir = scratch("resume");
+    let path = dir.join("run.safetensors");
+    let uninterrupted = run(&small_run(None));
+
+    // The same run, "killed" after step 6, with a checkpoint every 3 steps...
+    let first_half = run(&TrainConfig { stop_after: Some(6), checkpoint_every: 3, ..small_run(Some(path.clone())) });
+    assert_eq!(first_half[0].last_step, 6);
+    assert!(path.is_file(), "rank 0 wrote no checkpoint at {}", path.display());
+    // ...then continued from it.
+    let second_half = run(&TrainConfig { resume: true, ..small_run(Some(path.clone())) });
+    assert_eq!(second_half[0].losses.len(), 6, "the resumed run must run steps 7 to 12 only");
+
+    for rank in 0..2 {
+        let losses = [first_half[rank].losses.clone(), second_half[rank].losses.clone()].concat();
+        assert_eq!(losses, uninterrupted[rank].losses, "rank {rank}: the losses of 6 + 6 steps differ from 12 steps");
+        let what = format!("rank {rank}, 12 steps vs 6 + resume + 6");
+        assert_bitwise_equal(&second_half[rank].weights, &uninterrupted[rank].weights, &what);
+    }
+    let replicas: Vec<_> = second_half.iter().map(|o| snapshot(&o.weights)).collect();
+    compare_replicas(&replicas, 0.0).unwrap_or_else(|report| panic!("after the resume: {report}"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+// ANCHOR_END: resume_test
+
+/// Rewrites the checkpoint at `path` with `edit` applied (a valid file,
+/// with a correct checksum), as a buggy checkpointer would have written it.
+fn rewrite(path: &Path, edit: impl FnOnce(&mut checkpoint::Checkpoint)) {
+    let mut saved = checkpoint::load(path).unwrap();
+    edit(&mut saved);
+    checkpoint::save(path, &saved).unwrap();
+}
+
+#[test]
+fn resume_without_optimizer_state_or_data_position_is_not_exact() {
+    // Controls: if the checkpoint forgot Adam's moments, or where the data
+    // stream stood, the resumed run would end elsewhere. So the test above
+    // really checks that both are saved and restored.
+    let dir = scratch("controls");
+    let path = dir.join("run.safetensors");
+    let uninterrupted = run(&small_run(None));
+    let interrupted = TrainConfig { stop_after: Some(6), checkpoint_every: 6, ..small_run(Some(path.clone())) };
+    let resumed = TrainConfig { resume: true, ..small_run(Some(path.clone())) };
+
+    type Edit = fn(&mut checkpoint::Checkpoint);
+    let forget_moments: Edit = |c| {
+        for (name, t) in &mut c.optimizer {
+            if name.starts_with("exp_avg") {
+                *t = t.zeros_like();
+            }
+        }
+    };
+    let forget_position: Edit = |c| {
+        c.progress.epoch = 0;
+        c.progress.position = 0;
+    };
+    for (what, edit) in [("Adam's moments", forget_moments), ("the data position", forget_position)] {
+        run(&interrupted);
+        rewrite(&path, edit);
+        let outcome = run(&resumed);
+        let diff = max_reference_diff(&outcome[0].weights, &uninterrupted[0].weights);
+        println!("resumed without {what}: {diff:e} from the uninterrupted run");
+        assert!(diff > 1e-6, "resuming without {what} should end elsewhere, but is only {diff:e} away");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_checkpoint_holds_rank_0s_weights_and_loads_into_a_fresh_model() {
+    let dir = scratch("fresh");
+    let path = dir.join("model.safetensors");
+    let outcome = run(&TrainConfig { steps: 4, ..small_run(Some(path.clone())) });
+    assert!(!checkpoint::temporary_path(&path).exists(), "the temporary file was left behind");
+
+    // A model with other weights (seed 99), then the checkpoint's.
+    let task = TokenTask::standard(0, 1);
+    let cfg = GptConfig { vocab_size: task.vocab_size(), ..GptConfig::tiny() };
+    let (vs, _gpt) = Gpt::seeded(99, &cfg, Kind::Float);
+    checkpoint::load_model_weights(&vs, &path).unwrap_or_else(|e| panic!("{e}"));
+    let mut loaded: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    loaded.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut rank0 = snapshot(&outcome[0].weights);
+    rank0.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_bitwise_equal(&loaded, &rank0, "fresh model loaded from the checkpoint vs rank 0");
+    assert_eq!(loaded.len(), rank0.len(), "the checkpoint must hold every parameter and buffer");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_missing_or_damaged_checkpoint_is_a_clear_error() {
+    let dir = scratch("errors");
+    let path = dir.join("run.safetensors");
+    let resume = TrainConfig { resume: true, ..small_run(Some(path.clone())) };
+    let message = |config: &TrainConfig| match train::train(config, &|_| {}) {
+        Ok(_) => panic!("resuming from {} should fail", path.display()),
+        Err(error) => format!("{error:#}"),
+    };
+
+    let missing = message(&resume);
+    assert!(missing.contains("no checkpoint file"), "missing file, got: {missing}");
+
+    std::fs::write(&path, b"these bytes are not a checkpoint").unwrap();
+    let garbage = message(&resume);
+    assert!(garbage.contains("cannot read the checkpoint"), "garbage file, got: {garbage}");
+
+    run(&TrainConfig { steps: 2, ..small_run(Some(path.clone())) }); // a real one (at step 2 of 2)
+    let good = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    let truncated = message(&resume);
+    assert!(truncated.contains("cannot read the checkpoint"), "truncated file, got: {truncated}");
+
+    let mut flipped = good.clone();
+    let last = flipped.len() - 5; // inside the tensor data, past the header
+    flipped[last] ^= 0x10;
+    std::fs::write(&path, &flipped).unwrap();
+    let damaged = message(&resume);
+    assert!(damaged.contains("checksum"), "one flipped bit, got: {damaged}");
+
+    std::fs::write(&path, &good).unwrap();
+    let other_lr = message(&TrainConfig { lr: 1e-3, steps: 2, ..resume.clone() });
+    assert!(other_lr.contains("lr: checkpoint 0.003, this run 0.001"), "other settings, got: {other_lr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_settings_are_refused_before_any_rank_starts() {
+    let refused = |config: TrainConfig| config.validate().expect_err("these settings must be refused").to_string();
+    let no_ranks = refused(TrainConfig { world_size: 0, ..small_run(None) });
+    assert!(no_ranks.contains("world_size must be at least 1"), "{no_ranks}");
+    let big_batch = refused(TrainConfig { batch_size: 64, ..small_run(None) });
+    assert!(big_batch.contains("fewer than one micro-batch"), "{big_batch}");
+    let no_path = refused(TrainConfig { resume: true, ..small_run(None) });
+    assert!(no_path.contains("--resume needs a checkpoint file"), "{no_path}");
+    let late_stop = refused(TrainConfig { stop_after: Some(12), ..small_run(None) });
+    assert!(late_stop.contains("stop_after"), "{late_stop}");
+    let lr = refused(TrainConfig { lr: f64::NAN, ..small_run(None) });
+    assert!(lr.contains("lr must be a positive"), "{lr}");
+    assert!(matches!(
+        TrainConfig { resume: true, ..small_run(Some("/no/such/file".into())) }.validate(),
+        Err(ConfigError::Checkpoint(CheckpointError::Missing { .. }))
+    ));
+}
+
+#[test]
+fn a_short_run_learns() {
+    let outcome = run(&TrainConfig { steps: 40, train_sequences: 400, lr: 3e-3, warmup_steps: 5, ..small_run(None) });
+    let losses = &outcome[0].losses;
+    let (first, last) = (losses[0], losses[losses.len() - 5..].iter().sum::<f64>() / 5.0);
+    println!("rank 0's loss: {first:.3} at step 1, {last:.3} over the last 5 steps");
+    // ln(16) = 2.77 at the start; the chance level of the task is ln(15) = 2.71.
+    assert!(last < first - 0.5, "the loss should fall by more than 0.5 in 40 steps: {first:.3} -> {last:.3}");
+}
