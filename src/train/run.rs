@@ -13,7 +13,7 @@ use super::checkpoint::{self, Checkpoint, CheckpointError, Progress};
 use super::optim::AdamW;
 use super::{Evaluation, Event, RankOutcome, TrainConfig};
 use crate::ch05_bucketing::{DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB};
-use crate::ch06_sharding::{rows, solution, DistributedSampler, SimpleDistributedDataParallelism};
+use crate::ch06_sharding::{rows, DistributedSampler, SimpleDistributedDataParallelism};
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
 use crate::dist::Group;
@@ -46,7 +46,7 @@ struct ShardCursor {
 impl ShardCursor {
     fn new(mut sampler: DistributedSampler, epoch: u64, position: usize) -> ShardCursor {
         sampler.set_epoch(epoch);
-        let shard = reference_shard(&sampler);
+        let shard = sampler.reference_indices();
         ShardCursor { sampler, shard, position }
     }
 
@@ -55,19 +55,12 @@ impl ShardCursor {
     fn next_micro_batch(&mut self, len: usize) -> &[i64] {
         if self.position + len > self.shard.len() {
             self.sampler.set_epoch(self.sampler.epoch() + 1); // a new shuffle, the same on every rank
-            self.shard = reference_shard(&self.sampler);
+            self.shard = self.sampler.reference_indices();
             self.position = 0;
         }
         self.position += len;
         &self.shard[self.position - len..self.position]
     }
-}
-
-/// This rank's indices for the sampler's epoch, cut by chapter 6's REFERENCE
-/// `shard_indices` (`sampler.indices()` would call the learner's exercise).
-fn reference_shard(sampler: &DistributedSampler) -> Vec<i64> {
-    let order = sampler.epoch_order();
-    solution::shard_indices(&order, sampler.num_replicas(), sampler.rank(), sampler.drop_last())
 }
 
 /// Inputs, targets and mask of the sequences at `indices` of `task`.
