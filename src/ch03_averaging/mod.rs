@@ -14,10 +14,8 @@
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use crate::ch02_replicas::check_same_structure;
-use crate::ch02_replicas::solution::verify_replicas;
+use crate::ch02_replicas::verified_tensors;
 use crate::dist::{DistError, Group};
-use crate::models::{named_buffers, named_parameters};
 
 pub use crate::ch02_replicas::InitError;
 
@@ -47,12 +45,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// Wraps `module`, whose variables live in `vs`, after checking that every
     /// rank holds bitwise the same parameters and buffers (chapter 2).
     pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, InitError> {
-        let parameters = named_parameters(vs);
-        let buffers = named_buffers(vs);
-        check_same_structure(pg.as_ref(), &parameters, "parameters")?;
-        verify_replicas(pg.as_ref(), &parameters)?;
-        check_same_structure(pg.as_ref(), &buffers, "buffers")?;
-        verify_replicas(pg.as_ref(), &buffers)?;
+        let (parameters, buffers) = verified_tensors(vs, pg.as_ref())?;
         Ok(SimpleDistributedDataParallelism { module, parameters, buffers, process_group: pg })
     }
 

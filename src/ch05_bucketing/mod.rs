@@ -21,10 +21,8 @@
 use tch::nn::{self, Module};
 use tch::{TchError, Tensor};
 
-use crate::ch02_replicas::check_same_structure;
-use crate::ch02_replicas::solution::verify_replicas;
+use crate::ch02_replicas::verified_tensors;
 use crate::dist::{DistError, Group, ProcessGroup};
-use crate::models::{named_buffers, named_parameters};
 
 pub use crate::ch02_replicas::InitError;
 
@@ -120,12 +118,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
                 bytes: first_cap_bytes,
             });
         }
-        let parameters = named_parameters(vs);
-        let buffers = named_buffers(vs);
-        check_same_structure(pg.as_ref(), &parameters, "parameters")?;
-        verify_replicas(pg.as_ref(), &parameters)?;
-        check_same_structure(pg.as_ref(), &buffers, "buffers")?;
-        verify_replicas(pg.as_ref(), &buffers)?;
+        let (parameters, buffers) = verified_tensors(vs, pg.as_ref())?;
 
         // The layout depends only on the parameters' sizes, dtypes, devices
         // and order, which the checks above proved equal on every rank, and

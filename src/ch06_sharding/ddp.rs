@@ -19,14 +19,12 @@ use std::time::{Duration, Instant};
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use crate::ch02_replicas::check_same_structure;
-use crate::ch02_replicas::solution::verify_replicas;
+use crate::ch02_replicas::verified_tensors;
 use crate::ch04_accumulation::solution::begin_no_sync;
 use crate::ch05_bucketing::layout::{self, Bucket, ParamMeta};
 use crate::ch05_bucketing::solution::{plan_buckets, sync_bucket};
 use crate::ch05_bucketing::{BucketingError, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES};
 use crate::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp};
-use crate::models::{named_buffers, named_parameters};
 
 // ANCHOR: wrapper
 /// A model replicated on every rank of a process group, with everything the
@@ -76,12 +74,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
             let what = if cap_bytes == 0 { "the bucket cap" } else { "the first bucket's cap" };
             return Err(BucketingError::InvalidCap { what, bytes: 0 });
         }
-        let parameters = named_parameters(vs);
-        let buffers = named_buffers(vs);
-        check_same_structure(pg.as_ref(), &parameters, "parameters")?;
-        verify_replicas(pg.as_ref(), &parameters)?;
-        check_same_structure(pg.as_ref(), &buffers, "buffers")?;
-        verify_replicas(pg.as_ref(), &buffers)?;
+        let (parameters, buffers) = verified_tensors(vs, pg.as_ref())?;
 
         let metas = ParamMeta::of(&parameters);
         let buckets = plan_buckets(&metas, cap_bytes, first_cap_bytes);
