@@ -110,6 +110,19 @@ fn resume_from_a_checkpoint_ends_bitwise_equal_to_an_uninterrupted_run() {
 }
 // ANCHOR_END: resume_test
 
+#[test]
+fn an_interrupted_run_checkpoints_at_its_stop_step_whatever_checkpoint_every_says() {
+    let dir = scratch("stop-step");
+    let path = dir.join("run.safetensors");
+    // Every 4 steps would save at step 4 only; the run stops at 5 and must
+    // still leave step 5 behind, or --resume would restart from step 4.
+    let stopped = run(&TrainConfig { stop_after: Some(5), checkpoint_every: 4, ..small_run(Some(path.clone())) });
+    assert_eq!(stopped[0].last_step, 5);
+    let saved = checkpoint::load(&path).expect("the interrupted run wrote a checkpoint");
+    assert_eq!(saved.progress.step, 5, "the checkpoint must hold the step the run stopped at");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Rewrites the checkpoint at `path` with `edit` applied (a valid file,
 /// with a correct checksum), as a buggy checkpointer would have written it.
 fn rewrite(path: &Path, edit: impl FnOnce(&mut checkpoint::Checkpoint)) {

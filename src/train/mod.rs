@@ -56,7 +56,8 @@ pub struct TrainConfig {
     pub log_every: usize,
     /// Where rank 0 writes checkpoints; `None`: no checkpoints.
     pub checkpoint: Option<PathBuf>,
-    /// Write one every this many steps (and always at the end); 0: only at the end.
+    /// Write one every this many steps (and always at the end, or where
+    /// `stop_after` stops the run); 0: only at the end.
     pub checkpoint_every: usize,
     /// Continue from the checkpoint file instead of starting afresh.
     pub resume: bool,

@@ -179,10 +179,12 @@ fn model_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
 }
 
 /// The checkpoint file if one is due after `step`: every `checkpoint_every`
-/// steps, and after the last step of the run.
+/// steps, after the last step of the run, and at the step an interrupted run
+/// stops at (else `--resume` would quietly restart from an older one).
 fn checkpoint_due(config: &TrainConfig, step: usize) -> Option<&std::path::Path> {
     let every = config.checkpoint_every;
-    let due = step == config.steps || (every > 0 && step % every == 0);
+    let last = config.stop_after.unwrap_or(config.steps);
+    let due = step == last || (every > 0 && step % every == 0);
     config.checkpoint.as_deref().filter(|_| due)
 }
 
