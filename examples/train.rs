@@ -89,7 +89,9 @@ impl Args {
     /// split evenly is refused here with chapter 4's message.
     fn config(&self) -> anyhow::Result<TrainConfig> {
         let batch_size = match self.global_batch_size {
-            Some(global) => micro_batch_size(global as i64, self.world_size, self.accum_steps as i64)? as usize,
+            Some(global) => {
+                micro_batch_size(global as i64, self.world_size, self.accum_steps as i64)? as usize
+            }
             None => self.batch_size,
         };
         Ok(TrainConfig {
@@ -152,7 +154,10 @@ fn main() -> ExitCode {
         }
     };
     let bar = ProgressBar::new(config.steps as u64);
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}").unwrap());
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}")
+            .unwrap(),
+    );
     let started = Instant::now();
     let outcomes = train::train(&config, &|event| report(&bar, event));
     bar.finish_and_clear();
@@ -176,7 +181,10 @@ fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f64, 
     println!(
         "{} steps in {wall_seconds:.1} s ({:.1} s in training steps): {:.0} tokens/s; gradient sync took {} \
          of the step time (ranks 0..{})",
-        rank0.losses.len(), rank0.train_time.as_secs_f64(), rank0.tokens_per_second, sync_shares.join(", "),
+        rank0.losses.len(),
+        rank0.train_time.as_secs_f64(),
+        rank0.tokens_per_second,
+        sync_shares.join(", "),
         config.world_size
     );
     let eval = rank0.evaluation.expect("rank 0 evaluates");
@@ -190,8 +198,15 @@ fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f64, 
     let verdict = if eval.accuracy >= target { "PASS: reached" } else { "FAIL: missed" };
     println!(
         "{verdict} held-out accuracy {:.4} {} target {target} in {} steps (held-out loss {:.4})",
-        eval.accuracy, if eval.accuracy >= target { ">=" } else { "<" }, config.steps, eval.loss
+        eval.accuracy,
+        if eval.accuracy >= target { ">=" } else { "<" },
+        config.steps,
+        eval.loss
     );
-    if eval.accuracy >= target { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if eval.accuracy >= target {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 // ANCHOR_END: summary

@@ -11,8 +11,8 @@
 
 pub use tch;
 
-pub mod dist;
 pub mod data;
+pub mod dist;
 pub mod models;
 pub mod seed;
 
@@ -25,5 +25,5 @@ pub mod ch03_averaging;
 pub mod ch04_accumulation;
 pub mod ch05_bucketing;
 pub mod ch06_sharding;
-pub mod train;
 pub mod notebook;
+pub mod train;

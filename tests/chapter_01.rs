@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use ddp_workbook::ch01_collectives::{chunk_lengths, ring_all_reduce, ring_reduce_scatter, split_into_chunks};
+use ddp_workbook::ch01_collectives::{
+    chunk_lengths, ring_all_reduce, ring_reduce_scatter, split_into_chunks,
+};
 use ddp_workbook::dist::{spawn_with, CommStats, DistError, ProcessGroup, ReduceOp, SpawnOptions};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::with_seed;
@@ -60,7 +62,11 @@ fn values(tensor: &Tensor) -> anyhow::Result<Vec<f64>> {
 
 fn options(world_size: usize) -> SpawnOptions {
     let options = SpawnOptions::new(world_size);
-    if std::env::var_os("DDP_TIMEOUT_SECS").is_some() { options } else { options.timeout(TEST_TIMEOUT) }
+    if std::env::var_os("DDP_TIMEOUT_SECS").is_some() {
+        options
+    } else {
+        options.timeout(TEST_TIMEOUT)
+    }
 }
 
 fn describe(world_size: usize, shape: &[i64], kind: Kind) -> String {
@@ -87,7 +93,11 @@ fn run_case(world_size: usize, shape: &[i64], input: InputFn, all_reduce: AllRed
 
 /// Tolerance 0 means bitwise: then even -0.0 and 0.0 count as different.
 fn same(a: f64, b: f64, tolerance: f64) -> bool {
-    if tolerance == 0.0 { a.to_bits() == b.to_bits() } else { (a - b).abs() <= tolerance }
+    if tolerance == 0.0 {
+        a.to_bits() == b.to_bits()
+    } else {
+        (a - b).abs() <= tolerance
+    }
 }
 
 /// Element `flat` of a tensor of `shape`, as an index per dimension.
@@ -100,7 +110,12 @@ fn index_of(flat: usize, shape: &[i64]) -> Vec<i64> {
 }
 
 /// Every rank's ring result against the built-in's, element by element.
-fn compare_with_builtin(outcomes: &[RankOutcome], shape: &[i64], tolerance: f64, case: &str) -> Result<(), String> {
+fn compare_with_builtin(
+    outcomes: &[RankOutcome],
+    shape: &[i64],
+    tolerance: f64,
+    case: &str,
+) -> Result<(), String> {
     for (rank, outcome) in outcomes.iter().enumerate() {
         for (i, (&ring, &builtin)) in outcome.ring.iter().zip(&outcome.builtin).enumerate() {
             if !same(ring, builtin, tolerance) {
@@ -185,9 +200,8 @@ fn reduce_scatter_phase_sums_chunk_rank_on_each_rank() {
         for (rank, got) in phase_one.iter().enumerate() {
             for (offset, &value) in got.iter().enumerate() {
                 let element = start(rank) + offset;
-                let expected: f64 = (0..world_size)
-                    .map(|q| values(&integer_valued_f32(q, &shape)).unwrap()[element])
-                    .sum();
+                let expected: f64 =
+                    (0..world_size).map(|q| values(&integer_valued_f32(q, &shape)).unwrap()[element]).sum();
                 assert!(
                     value == expected,
                     "{case}: after ring_reduce_scatter, rank {rank}'s chunks[{rank}] holds {value} \
@@ -225,7 +239,8 @@ fn each_rank_sends_two_n_minus_one_over_n_of_the_buffer() {
                 };
                 let expected_bytes = elements as u64 * 4; // f32
                 assert_eq!(
-                    stats.p2p_bytes_sent, expected_bytes,
+                    stats.p2p_bytes_sent,
+                    expected_bytes,
                     "{case}: rank {rank} sent {} bytes, expected {expected_bytes}: all chunks but \
                      chunks[{rank}] in phase 1 and all but chunks[{}] in phase 2",
                     stats.p2p_bytes_sent,

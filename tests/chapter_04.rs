@@ -20,9 +20,12 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use ddp_workbook::ch04_accumulation::{
-    accumulate_and_step, micro_batch_size, split_micro_batches, AccumulationError, SimpleDistributedDataParallelism,
+    accumulate_and_step, micro_batch_size, split_micro_batches, AccumulationError,
+    SimpleDistributedDataParallelism,
 };
-use ddp_workbook::check::{compare_replicas, compare_to_reference, max_reference_diff, max_replica_diff, snapshot};
+use ddp_workbook::check::{
+    compare_replicas, compare_to_reference, max_reference_diff, max_replica_diff, snapshot,
+};
 use ddp_workbook::data::Regression;
 use ddp_workbook::dist::{spawn_with, Group, SpawnOptions};
 use ddp_workbook::models::{named_parameters, Mlp};
@@ -78,7 +81,12 @@ fn mse(prediction: &Tensor, target: &Tensor) -> Tensor {
 }
 
 /// The loops other than the chapter's, written out for comparison.
-fn other_step(ddp: &SimpleDistributedDataParallelism<Mlp>, opt: &mut nn::Optimizer, micro: &[(Tensor, Tensor)], how: Loop) -> anyhow::Result<f64> {
+fn other_step(
+    ddp: &SimpleDistributedDataParallelism<Mlp>,
+    opt: &mut nn::Optimizer,
+    micro: &[(Tensor, Tensor)],
+    how: Loop,
+) -> anyhow::Result<f64> {
     let k = micro.len();
     let scale = if how == Loop::ForgetToDivide { 1.0 } else { 1.0 / k as f64 };
     opt.zero_grad();
@@ -141,7 +149,12 @@ fn train_ddp(n: usize, k: i64, optim: Optim, how: Loop) -> Vec<Vec<Step>> {
             };
             let all_reduces = ddp.process_group().stats().all_reduce - before;
             // ANCHOR_END: accumulation_step
-            steps.push(Step { params: snapshot(ddp.parameters()), grads: grads_of(ddp.parameters()), loss, all_reduces });
+            steps.push(Step {
+                params: snapshot(ddp.parameters()),
+                grads: grads_of(ddp.parameters()),
+                loss,
+                all_reduces,
+            });
         }
         Ok(steps)
     })
@@ -160,7 +173,12 @@ fn train_single_process(optim: Optim) -> Vec<Step> {
             loss.backward();
             opt.step();
             let params = named_parameters(&vs);
-            Step { params: snapshot(&params), grads: grads_of(&params), loss: loss.double_value(&[]), all_reduces: 0 }
+            Step {
+                params: snapshot(&params),
+                grads: grads_of(&params),
+                loss: loss.double_value(&[]),
+                all_reduces: 0,
+            }
         })
         .collect()
 }
@@ -175,7 +193,10 @@ fn check_against_one_process(n: usize, k: i64, optim: Optim, how: Loop) -> f64 {
         let at = format!("{optim:?}, {n} rank(s) x {k} micro-step(s), after optimizer step {}", s + 1);
         let per_rank: Vec<_> = runs.iter().map(|steps| snapshot(&steps[s].params)).collect();
         compare_replicas(&per_rank, 0.0).unwrap_or_else(|report| {
-            panic!("{at}: {}", report.hint("sync on the last micro-step of EVERY optimizer step, on every rank"))
+            panic!(
+                "{at}: {}",
+                report.hint("sync on the last micro-step of EVERY optimizer step, on every rank")
+            )
         });
         let hint = "divide every micro-batch's loss by k, and sync once, after the last micro-step";
         compare_to_reference(&runs[0][s].grads, &reference[s].grads, TOLERANCE)
@@ -213,8 +234,13 @@ fn adam_k_micro_steps_on_n_ranks_equal_one_step_on_the_global_batch() {
 #[test]
 fn one_all_reduce_per_parameter_per_step_k_times_fewer_than_syncing_every_micro_step() {
     for &(n, k) in &[(2, 3), (3, 2)] {
-        let chapter: Vec<u64> = train_ddp(n, k, Optim::Sgd, Loop::Chapter).iter().flatten().map(|s| s.all_reduces).collect();
-        let every: Vec<u64> = train_ddp(n, k, Optim::Sgd, Loop::SyncEveryMicroStep).iter().flatten().map(|s| s.all_reduces).collect();
+        let chapter: Vec<u64> =
+            train_ddp(n, k, Optim::Sgd, Loop::Chapter).iter().flatten().map(|s| s.all_reduces).collect();
+        let every: Vec<u64> = train_ddp(n, k, Optim::Sgd, Loop::SyncEveryMicroStep)
+            .iter()
+            .flatten()
+            .map(|s| s.all_reduces)
+            .collect();
         let (total_chapter, total_every) = (chapter.iter().sum::<u64>(), every.iter().sum::<u64>());
         println!(
             "{n} ranks x {k} micro-steps, {STEPS} optimizer steps: all-reduces per rank per step {:?} with no_sync, \
@@ -227,8 +253,15 @@ fn one_all_reduce_per_parameter_per_step_k_times_fewer_than_syncing_every_micro_
              optimizer step, but made {chapter:?} (rank by rank, step by step). Put micro-steps 1..k-1 inside \
              ddp.no_sync(), and close that scope before the last micro-step's backward"
         );
-        assert!(every.iter().all(|&c| c == PARAMS_WITH_GRAD * k as u64), "the sync-every-micro-step loop: {every:?}");
-        assert_eq!(total_every, k as u64 * total_chapter, "no_sync must cut the all-reduces by exactly k = {k}");
+        assert!(
+            every.iter().all(|&c| c == PARAMS_WITH_GRAD * k as u64),
+            "the sync-every-micro-step loop: {every:?}"
+        );
+        assert_eq!(
+            total_every,
+            k as u64 * total_chapter,
+            "no_sync must cut the all-reduces by exactly k = {k}"
+        );
     }
     // Syncing every micro-step is not wrong, only k times the communication:
     // the average of sums that were already averaged is the same average.
@@ -238,10 +271,12 @@ fn one_all_reduce_per_parameter_per_step_k_times_fewer_than_syncing_every_micro_
 #[test]
 fn negative_control_forgetting_to_divide_by_k_makes_the_gradient_k_times_too_big() {
     let (n, k) = (2, 3);
-    let (runs, reference) = (train_ddp(n, k, Optim::Sgd, Loop::ForgetToDivide), train_single_process(Optim::Sgd));
+    let (runs, reference) =
+        (train_ddp(n, k, Optim::Sgd, Loop::ForgetToDivide), train_single_process(Optim::Sgd));
     // Step 1 starts from the same weights, so the k summed, undivided
     // micro-batch gradients are exactly k times the right gradient.
-    let k_times_right: Vec<_> = reference[0].grads.iter().map(|(name, g)| (name.clone(), g * k as f64)).collect();
+    let k_times_right: Vec<_> =
+        reference[0].grads.iter().map(|(name, g)| (name.clone(), g * k as f64)).collect();
     let from_right = max_reference_diff(&runs[0][0].grads, &reference[0].grads);
     let from_k_times = max_reference_diff(&runs[0][0].grads, &k_times_right);
     let sgd_off = max_reference_diff(&runs[0][0].params, &reference[0].params);
@@ -251,10 +286,22 @@ fn negative_control_forgetting_to_divide_by_k_makes_the_gradient_k_times_too_big
          after one SGD step the weights are {sgd_off:.3e} off; loss {mean_loss:.6} = {:.3} x the right {:.6}",
         mean_loss / reference[0].loss, reference[0].loss
     );
-    assert!(from_k_times <= k as f64 * TOLERANCE, "without / k the gradient should be k times the right one, but is {from_k_times:.3e} from it");
-    assert!(from_right > 1e6 * TOLERANCE, "without / k the gradient should be wrong, yet it is {from_right:.3e} from the right one");
-    assert!(sgd_off > 1e6 * TOLERANCE, "without / k the SGD step should be wrong, yet it is {sgd_off:.3e} off");
-    assert!((mean_loss - k as f64 * reference[0].loss).abs() <= k as f64 * TOLERANCE, "without / k the loss is k times the mean");
+    assert!(
+        from_k_times <= k as f64 * TOLERANCE,
+        "without / k the gradient should be k times the right one, but is {from_k_times:.3e} from it"
+    );
+    assert!(
+        from_right > 1e6 * TOLERANCE,
+        "without / k the gradient should be wrong, yet it is {from_right:.3e} from the right one"
+    );
+    assert!(
+        sgd_off > 1e6 * TOLERANCE,
+        "without / k the SGD step should be wrong, yet it is {sgd_off:.3e} off"
+    );
+    assert!(
+        (mean_loss - k as f64 * reference[0].loss).abs() <= k as f64 * TOLERANCE,
+        "without / k the loss is k times the mean"
+    );
     // The replicas still agree with each other: this bug does not show as drift.
     let last: Vec<_> = runs.iter().map(|steps| snapshot(&steps[STEPS - 1].params)).collect();
     assert_eq!(max_replica_diff(&last), 0.0, "the control's replicas should agree: only the scale is wrong");
@@ -263,9 +310,17 @@ fn negative_control_forgetting_to_divide_by_k_makes_the_gradient_k_times_too_big
     // own running size, so the factor k cancels except against Adam's eps.
     let adam = train_ddp(n, k, Optim::Adam, Loop::ForgetToDivide);
     let adam_off = max_reference_diff(&adam[0][0].params, &train_single_process(Optim::Adam)[0].params);
-    println!("without / k under Adam: the weights are only {adam_off:.3e} off after one step (SGD: {sgd_off:.3e})");
-    assert!(adam_off > TOLERANCE, "the test still sees the bug under Adam ({adam_off:.3e} > tolerance {TOLERANCE:.3e})");
-    assert!(adam_off < 1e-3 * sgd_off, "Adam should shrink the damage: {adam_off:.3e} vs SGD's {sgd_off:.3e}");
+    println!(
+        "without / k under Adam: the weights are only {adam_off:.3e} off after one step (SGD: {sgd_off:.3e})"
+    );
+    assert!(
+        adam_off > TOLERANCE,
+        "the test still sees the bug under Adam ({adam_off:.3e} > tolerance {TOLERANCE:.3e})"
+    );
+    assert!(
+        adam_off < 1e-3 * sgd_off,
+        "Adam should shrink the damage: {adam_off:.3e} vs SGD's {sgd_off:.3e}"
+    );
 }
 
 #[test]
@@ -276,9 +331,17 @@ fn negative_control_without_any_sync_the_replicas_diverge() {
         let last: Vec<_> = runs.iter().map(|steps| snapshot(&steps[STEPS - 1].params)).collect();
         let drift = max_replica_diff(&last);
         let off = max_reference_diff(&last[0], &reference[STEPS - 1].params);
-        println!("{n} ranks x {k} WITHOUT any sync: replicas {drift:.3e} apart, rank 0 {off:.3e} from one process");
-        assert!(drift > 1e6 * TOLERANCE, "{n} ranks x {k}: without sync the replicas still agree to {drift:.3e}");
-        assert!(off > 1e6 * TOLERANCE, "{n} ranks x {k}: without sync rank 0 still matches one process to {off:.3e}");
+        println!(
+            "{n} ranks x {k} WITHOUT any sync: replicas {drift:.3e} apart, rank 0 {off:.3e} from one process"
+        );
+        assert!(
+            drift > 1e6 * TOLERANCE,
+            "{n} ranks x {k}: without sync the replicas still agree to {drift:.3e}"
+        );
+        assert!(
+            off > 1e6 * TOLERANCE,
+            "{n} ranks x {k}: without sync rank 0 still matches one process to {off:.3e}"
+        );
         assert!(runs.iter().flatten().all(|s| s.all_reduces == 0), "the control must not communicate");
     }
 }
@@ -302,7 +365,10 @@ fn no_sync_restores_the_previous_state_on_every_way_out() {
             anyhow::ensure!(!on(), "inside no_sync the switch must be off");
         }
         anyhow::ensure!(on(), "after a no_sync block the switch must be back on");
-        anyhow::ensure!(leave_early(&ddp).is_err() && on(), "after leaving no_sync through `?` the switch must be back on");
+        anyhow::ensure!(
+            leave_early(&ddp).is_err() && on(),
+            "after leaving no_sync through `?` the switch must be back on"
+        );
         let caught = catch_unwind(AssertUnwindSafe(|| {
             let _guard = ddp.no_sync();
             // A panic that unwinds like `panic!` but skips the panic hook, so
@@ -316,14 +382,20 @@ fn no_sync_restores_the_previous_state_on_every_way_out() {
                 let _inner = ddp.no_sync();
                 anyhow::ensure!(!on(), "inside nested no_sync scopes the switch must be off");
             }
-            anyhow::ensure!(!on(), "closing an INNER no_sync must leave the switch off (return the previous state, not `true`)");
+            anyhow::ensure!(
+                !on(),
+                "closing an INNER no_sync must leave the switch off (return the previous state, not `true`)"
+            );
         }
         anyhow::ensure!(on(), "closing the outer no_sync must turn the switch back on");
         ddp.set_require_backward_grad_sync(false);
         ddp.no_sync_scope(|| ());
         anyhow::ensure!(!on(), "no_sync opened while the switch was off must leave it off");
         ddp.set_require_backward_grad_sync(true);
-        anyhow::ensure!(ddp.no_sync_scope(|| 7) == 7 && on(), "no_sync_scope must return the closure's value and restore");
+        anyhow::ensure!(
+            ddp.no_sync_scope(|| 7) == 7 && on(),
+            "no_sync_scope must return the closure's value and restore"
+        );
 
         // And the switch really decides whether backward communicates.
         let all_reduces = || ddp.process_group().stats().all_reduce;
@@ -332,7 +404,10 @@ fn no_sync_restores_the_previous_state_on_every_way_out() {
         ddp.no_sync_scope(|| ddp.backward(&ddp.forward(&x).sum(Kind::Double)))?;
         anyhow::ensure!(all_reduces() == before, "backward inside no_sync must not communicate");
         ddp.backward(&ddp.forward(&x).sum(Kind::Double))?;
-        anyhow::ensure!(all_reduces() == before + PARAMS_WITH_GRAD, "backward outside no_sync: one all-reduce per gradient");
+        anyhow::ensure!(
+            all_reduces() == before + PARAMS_WITH_GRAD,
+            "backward outside no_sync: one all-reduce per gradient"
+        );
         Ok(())
     });
 }
@@ -340,9 +415,13 @@ fn no_sync_restores_the_previous_state_on_every_way_out() {
 #[test]
 fn bad_input_gets_a_clear_error_not_a_panic() {
     // The arithmetic: 12 rows do not split over 2 ranks x 5 steps.
-    let message = micro_batch_size(GLOBAL_BATCH, 2, 5).expect_err("12 rows over 2 x 5 must be refused").to_string();
+    let message =
+        micro_batch_size(GLOBAL_BATCH, 2, 5).expect_err("12 rows over 2 x 5 must be refused").to_string();
     println!("micro_batch_size(12, 2, 5): {message}");
-    assert!(message.contains("12 rows") && message.contains("10"), "the message must name the rows and the 2 x 5 = 10 parts: {message}");
+    assert!(
+        message.contains("12 rows") && message.contains("10"),
+        "the message must name the rows and the 2 x 5 = 10 parts: {message}"
+    );
     assert!(matches!(micro_batch_size(GLOBAL_BATCH, 2, 0), Err(AccumulationError::NoMicroBatches { .. })));
     assert_eq!(micro_batch_size(GLOBAL_BATCH, 2, 3).ok(), Some(2));
     let rows_of_zeros = || {
@@ -351,8 +430,14 @@ fn bad_input_gets_a_clear_error_not_a_panic() {
     };
     let (x, y) = rows_of_zeros();
     assert!(matches!(split_micro_batches(&x, &y, 0), Err(AccumulationError::NoMicroBatches { .. })));
-    assert!(matches!(split_micro_batches(&x, &y, 4), Err(AccumulationError::Uneven { rows: 6, parts: 4, .. })));
-    assert!(matches!(split_micro_batches(&x, &y, 12), Err(AccumulationError::Uneven { .. })), "6 rows cannot make 12 non-empty micro-batches");
+    assert!(matches!(
+        split_micro_batches(&x, &y, 4),
+        Err(AccumulationError::Uneven { rows: 6, parts: 4, .. })
+    ));
+    assert!(
+        matches!(split_micro_batches(&x, &y, 12), Err(AccumulationError::Uneven { .. })),
+        "6 rows cannot make 12 non-empty micro-batches"
+    );
 
     // The step itself: refused before it changes a weight or sends a byte.
     run(2, |pg| {
@@ -363,15 +448,27 @@ fn bad_input_gets_a_clear_error_not_a_panic() {
         let (x, y) = rows_of_zeros(); // Tensors are not Sync: each rank makes its own
         let unequal = vec![(x.narrow(0, 0, 4), y.narrow(0, 0, 4)), (x.narrow(0, 4, 2), y.narrow(0, 4, 2))];
         let mismatched = vec![(x.shallow_clone(), y.narrow(0, 0, 5))];
-        for (what, micro_batches) in [("no micro-batches", vec![]), ("micro-batches of 4 and 2 rows", unequal), ("6 inputs, 5 targets", mismatched)] {
+        for (what, micro_batches) in [
+            ("no micro-batches", vec![]),
+            ("micro-batches of 4 and 2 rows", unequal),
+            ("6 inputs, 5 targets", mismatched),
+        ] {
             let result = accumulate_and_step(&ddp, &mut opt, &micro_batches, mse);
-            let Err(error) = result else { anyhow::bail!("accumulate_and_step accepted {what}: call check_micro_batches first") };
+            let Err(error) = result else {
+                anyhow::bail!("accumulate_and_step accepted {what}: call check_micro_batches first")
+            };
             if ddp.process_group().rank() == 0 {
                 println!("accumulate_and_step with {what}: {error}");
             }
         }
-        anyhow::ensure!(max_reference_diff(ddp.parameters(), &before) == 0.0, "a refused step must not change the weights");
-        anyhow::ensure!(ddp.process_group().stats().all_reduce == calls, "a refused step must not communicate");
+        anyhow::ensure!(
+            max_reference_diff(ddp.parameters(), &before) == 0.0,
+            "a refused step must not change the weights"
+        );
+        anyhow::ensure!(
+            ddp.process_group().stats().all_reduce == calls,
+            "a refused step must not communicate"
+        );
         anyhow::ensure!(ddp.require_backward_grad_sync(), "a refused step must leave the sync switch on");
         Ok(())
     });

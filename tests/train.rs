@@ -48,7 +48,10 @@ fn scratch(test: &str) -> PathBuf {
 /// Panics, naming the first tensor that differs, unless `a` and `b` are bitwise equal.
 fn assert_bitwise_equal(a: &[(String, Tensor)], b: &[(String, Tensor)], what: &str) {
     let largest = max_reference_diff(a, b);
-    assert!(largest == 0.0, "{what}: the weights differ, largest difference {largest:e} (must be bitwise equal)");
+    assert!(
+        largest == 0.0,
+        "{what}: the weights differ, largest difference {largest:e} (must be bitwise equal)"
+    );
 }
 
 #[test]
@@ -79,7 +82,10 @@ fn adamw_computes_the_same_update_as_libtorch() {
         println!("weight decay {weight_decay}: after 5 steps our AdamW is {diff:e} from libtorch's");
         // Same operations in the same order, but libtorch computes `a + alpha * b`
         // in one kernel, which can round differently from our two: ~1e-14 here.
-        assert!(diff <= 1e-12, "weight decay {weight_decay}: AdamW differs from libtorch's by {diff:e} after 5 steps");
+        assert!(
+            diff <= 1e-12,
+            "weight decay {weight_decay}: AdamW differs from libtorch's by {diff:e} after 5 steps"
+        );
     }
 }
 
@@ -91,7 +97,8 @@ fn resume_from_a_checkpoint_ends_bitwise_equal_to_an_uninterrupted_run() {
     let uninterrupted = run(&small_run(None));
 
     // The same run, "killed" after step 6, with a checkpoint every 3 steps...
-    let first_half = run(&TrainConfig { stop_after: Some(6), checkpoint_every: 3, ..small_run(Some(path.clone())) });
+    let first_half =
+        run(&TrainConfig { stop_after: Some(6), checkpoint_every: 3, ..small_run(Some(path.clone())) });
     assert_eq!(first_half[0].last_step, 6);
     assert!(path.is_file(), "rank 0 wrote no checkpoint at {}", path.display());
     // ...then continued from it.
@@ -100,7 +107,10 @@ fn resume_from_a_checkpoint_ends_bitwise_equal_to_an_uninterrupted_run() {
 
     for rank in 0..2 {
         let losses = [first_half[rank].losses.clone(), second_half[rank].losses.clone()].concat();
-        assert_eq!(losses, uninterrupted[rank].losses, "rank {rank}: the losses of 6 + 6 steps differ from 12 steps");
+        assert_eq!(
+            losses, uninterrupted[rank].losses,
+            "rank {rank}: the losses of 6 + 6 steps differ from 12 steps"
+        );
         let what = format!("rank {rank}, 12 steps vs 6 + resume + 6");
         assert_bitwise_equal(&second_half[rank].weights, &uninterrupted[rank].weights, &what);
     }
@@ -116,7 +126,8 @@ fn an_interrupted_run_checkpoints_at_its_stop_step_whatever_checkpoint_every_say
     let path = dir.join("run.safetensors");
     // Every 4 steps would save at step 4 only; the run stops at 5 and must
     // still leave step 5 behind, or --resume would restart from step 4.
-    let stopped = run(&TrainConfig { stop_after: Some(5), checkpoint_every: 4, ..small_run(Some(path.clone())) });
+    let stopped =
+        run(&TrainConfig { stop_after: Some(5), checkpoint_every: 4, ..small_run(Some(path.clone())) });
     assert_eq!(stopped[0].last_step, 5);
     let saved = checkpoint::load(&path).expect("the interrupted run wrote a checkpoint");
     assert_eq!(saved.progress.step, 5, "the checkpoint must hold the step the run stopped at");
@@ -139,7 +150,8 @@ fn resume_without_optimizer_state_or_data_position_is_not_exact() {
     let dir = scratch("controls");
     let path = dir.join("run.safetensors");
     let uninterrupted = run(&small_run(None));
-    let interrupted = TrainConfig { stop_after: Some(6), checkpoint_every: 6, ..small_run(Some(path.clone())) };
+    let interrupted =
+        TrainConfig { stop_after: Some(6), checkpoint_every: 6, ..small_run(Some(path.clone())) };
     let resumed = TrainConfig { resume: true, ..small_run(Some(path.clone())) };
 
     type Edit = fn(&mut checkpoint::Checkpoint);
@@ -224,7 +236,8 @@ fn a_missing_or_damaged_checkpoint_is_a_clear_error() {
 
 #[test]
 fn bad_settings_are_refused_before_any_rank_starts() {
-    let refused = |config: TrainConfig| config.validate().expect_err("these settings must be refused").to_string();
+    let refused =
+        |config: TrainConfig| config.validate().expect_err("these settings must be refused").to_string();
     let no_ranks = refused(TrainConfig { world_size: 0, ..small_run(None) });
     assert!(no_ranks.contains("world_size must be at least 1"), "{no_ranks}");
     let big_batch = refused(TrainConfig { batch_size: 64, ..small_run(None) });
@@ -243,7 +256,8 @@ fn bad_settings_are_refused_before_any_rank_starts() {
 
 #[test]
 fn a_short_run_learns() {
-    let outcome = run(&TrainConfig { steps: 40, train_sequences: 400, lr: 3e-3, warmup_steps: 5, ..small_run(None) });
+    let outcome =
+        run(&TrainConfig { steps: 40, train_sequences: 400, lr: 3e-3, warmup_steps: 5, ..small_run(None) });
     let losses = &outcome[0].losses;
     let (first, last) = (losses[0], losses[losses.len() - 5..].iter().sum::<f64>() / 5.0);
     println!("rank 0's loss: {first:.3} at step 1, {last:.3} over the last 5 steps");

@@ -163,15 +163,15 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 }
 // ANCHOR_END: wrapper
 
+/// Named tensors in a fixed order, as `named_parameters` lists them.
+pub type Named = Vec<(String, Tensor)>;
+
 /// Chapter 2's construction check as later chapters reuse it: the parameters
 /// (registration order) and buffers (by name) of `vs`, once the structure
 /// check and the REFERENCE `verify_replicas` have shown that every rank holds
 /// bitwise the same ones. Chapter 2's own `new` above calls your
 /// `verify_replicas` instead.
-pub fn verified_tensors(
-    vs: &nn::VarStore,
-    pg: &dyn ProcessGroup,
-) -> Result<(Vec<(String, Tensor)>, Vec<(String, Tensor)>), InitError> {
+pub fn verified_tensors(vs: &nn::VarStore, pg: &dyn ProcessGroup) -> Result<(Named, Named), InitError> {
     let parameters = named_parameters(vs);
     let buffers = named_buffers(vs);
     check_same_structure(pg, &parameters, "parameters")?;

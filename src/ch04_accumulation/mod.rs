@@ -118,7 +118,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         let _guard = self.no_sync();
         body()
     } // _guard dropped here, after body, whether body returned or panicked
-    // ANCHOR_END: no_sync
+      // ANCHOR_END: no_sync
 
     /// Whether the next `backward` will average the gradients.
     pub fn require_backward_grad_sync(&self) -> bool {
@@ -220,7 +220,12 @@ fn multiples_near(rows: i64, parts: i64) -> String {
 
 /// Refuses `accumulation_steps < 1`, and `rows` that do not split into
 /// `parts` equal, non-empty pieces.
-fn check_split(what: impl FnOnce() -> String, rows: i64, parts: i64, accumulation_steps: i64) -> Result<(), AccumulationError> {
+fn check_split(
+    what: impl FnOnce() -> String,
+    rows: i64,
+    parts: i64,
+    accumulation_steps: i64,
+) -> Result<(), AccumulationError> {
     if accumulation_steps < 1 {
         return Err(AccumulationError::NoMicroBatches { accumulation_steps });
     }
@@ -235,17 +240,27 @@ fn check_split(what: impl FnOnce() -> String, rows: i64, parts: i64, accumulatio
 /// steps x world size, so micro-batch = global / (steps x world size). Every
 /// rank computes it from the same numbers, so every rank runs the same number
 /// of micro-steps of the same size.
-pub fn micro_batch_size(global_batch: i64, world_size: usize, accumulation_steps: i64) -> Result<i64, AccumulationError> {
+pub fn micro_batch_size(
+    global_batch: i64,
+    world_size: usize,
+    accumulation_steps: i64,
+) -> Result<i64, AccumulationError> {
     let parts = world_size as i64 * accumulation_steps;
-    let what = || format!("a global batch over {world_size} rank(s) x {accumulation_steps} accumulation step(s)");
+    let what =
+        || format!("a global batch over {world_size} rank(s) x {accumulation_steps} accumulation step(s)");
     check_split(what, global_batch, parts, accumulation_steps)?;
     Ok(global_batch / parts)
 }
 
 /// Cuts this rank's rows (`x` `[rows, ..]`, `y` `[rows, ..]`) into
 /// `accumulation_steps` equal micro-batches, in order (views, no copies).
-pub fn split_micro_batches(x: &Tensor, y: &Tensor, accumulation_steps: i64) -> Result<Vec<(Tensor, Tensor)>, AccumulationError> {
-    let (rows, target_rows) = (x.size().first().copied().unwrap_or(0), y.size().first().copied().unwrap_or(0));
+pub fn split_micro_batches(
+    x: &Tensor,
+    y: &Tensor,
+    accumulation_steps: i64,
+) -> Result<Vec<(Tensor, Tensor)>, AccumulationError> {
+    let (rows, target_rows) =
+        (x.size().first().copied().unwrap_or(0), y.size().first().copied().unwrap_or(0));
     if rows != target_rows {
         return Err(AccumulationError::UnequalMicroBatches { sizes: vec![(rows, target_rows)] });
     }

@@ -50,8 +50,8 @@ pub fn accumulate_and_step<M: Module>(
             rank_loss += loss.double_value(&[]);
         }
     } // _no_sync dropped: the switch is back to what it was (on, normally)
-    // Micro-step k: this backward adds the last gradients, then averages the
-    // sums over all ranks: one all-reduce per parameter for the whole step.
+      // Micro-step k: this backward adds the last gradients, then averages the
+      // sums over all ranks: one all-reduce per parameter for the whole step.
     let loss = loss_fn(&ddp.forward(last_x), last_y) / k; // []
     ddp.backward(&loss)?;
     rank_loss += loss.double_value(&[]);

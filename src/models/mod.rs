@@ -42,11 +42,8 @@ pub fn named_parameters(vs: &VarStore) -> Vec<(String, Tensor)> {
 pub fn named_buffers(vs: &VarStore) -> Vec<(String, Tensor)> {
     let trainable: Vec<*mut std::ffi::c_void> =
         named_parameters(vs).iter().map(|(_, t)| t.data_ptr()).collect();
-    let mut buffers: Vec<(String, Tensor)> = vs
-        .variables()
-        .into_iter()
-        .filter(|(_, t)| !trainable.contains(&t.data_ptr()))
-        .collect();
+    let mut buffers: Vec<(String, Tensor)> =
+        vs.variables().into_iter().filter(|(_, t)| !trainable.contains(&t.data_ptr())).collect();
     buffers.sort_by(|a, b| a.0.cmp(&b.0));
     buffers
 }

@@ -105,7 +105,9 @@ pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError>
     let tmp = temporary_path(path);
     Tensor::write_safetensors(&tensors, &tmp).map_err(|e| fail(format!("writing {}: {e}", tmp.display())))?;
     // fsync: the bytes must be on disk before the rename makes them "the" checkpoint.
-    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| fail(format!("flushing {}: {e}", tmp.display())))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| fail(format!("flushing {}: {e}", tmp.display())))?;
     std::fs::rename(&tmp, path).map_err(|e| fail(format!("renaming {} to it: {e}", tmp.display())))?;
     // And the rename itself: flush the folder's entry list (best effort, not
     // every platform lets a folder be opened as a file).
@@ -183,8 +185,12 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     if stored != checksum(&tensors) {
         return Err(invalid("its checksum does not match its contents: the file was damaged".into()));
     }
-    let mut checkpoint =
-        Checkpoint { model: vec![], optimizer: vec![], progress: Progress { step: -1, epoch: -1, position: -1 }, settings: vec![] };
+    let mut checkpoint = Checkpoint {
+        model: vec![],
+        optimizer: vec![],
+        progress: Progress { step: -1, epoch: -1, position: -1 },
+        settings: vec![],
+    };
     for (name, tensor) in tensors {
         if let Some(rest) = name.strip_prefix("model.") {
             checkpoint.model.push((rest.to_string(), tensor));
@@ -193,7 +199,9 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
         } else if let Some(rest) = name.strip_prefix("run.") {
             let setting = match tensor.kind() {
                 Kind::Double if tensor.numel() == 1 => Setting::Float(tensor.double_value(&[0])),
-                _ => Setting::Int(int_value(&tensor).ok_or_else(|| invalid(format!("`{name}` is not a number")))?),
+                _ => Setting::Int(
+                    int_value(&tensor).ok_or_else(|| invalid(format!("`{name}` is not a number")))?,
+                ),
             };
             checkpoint.settings.push((rest.to_string(), setting));
         } else {
@@ -208,7 +216,9 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     }
     let Progress { step, epoch, position } = checkpoint.progress;
     if step < 0 || epoch < 0 || position < 0 {
-        return Err(invalid(format!("train.step/epoch/position missing or negative ({step}/{epoch}/{position})")));
+        return Err(invalid(format!(
+            "train.step/epoch/position missing or negative ({step}/{epoch}/{position})"
+        )));
     }
     Ok(checkpoint)
 }
@@ -227,7 +237,9 @@ impl Checkpoint {
         for (name, wanted) in expected {
             match self.settings.iter().find(|(n, _)| n == name) {
                 Some((_, saved)) if saved == wanted => {}
-                Some((_, saved)) => differences.push(format!("{name}: checkpoint {saved}, this run {wanted}")),
+                Some((_, saved)) => {
+                    differences.push(format!("{name}: checkpoint {saved}, this run {wanted}"))
+                }
                 None => differences.push(format!("{name}: not in the checkpoint, this run {wanted}")),
             }
         }
@@ -241,7 +253,8 @@ impl Checkpoint {
     /// Copies the saved model tensors into `named` (a model's parameters or
     /// buffers, by name), failing on a missing name, shape or dtype.
     pub fn restore_model(&self, path: &Path, named: &[(String, Tensor)]) -> Result<(), CheckpointError> {
-        copy_named(&self.model, named).map_err(|detail| CheckpointError::Invalid { path: path.to_path_buf(), detail })
+        copy_named(&self.model, named)
+            .map_err(|detail| CheckpointError::Invalid { path: path.to_path_buf(), detail })
     }
 }
 
@@ -254,7 +267,10 @@ fn copy_named(saved: &[(String, Tensor)], targets: &[(String, Tensor)]) -> Resul
         if value.size() != target.size() || value.kind() != target.kind() {
             return Err(format!(
                 "`{name}` is {:?} {:?} in the checkpoint but {:?} {:?} in the model",
-                value.kind(), value.size(), target.kind(), target.size()
+                value.kind(),
+                value.size(),
+                target.kind(),
+                target.size()
             ));
         }
         tch::no_grad(|| target.shallow_clone().copy_(value));

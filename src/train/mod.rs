@@ -157,7 +157,8 @@ impl TrainConfig {
         // The sampler pads every shard to ceil(n / world_size) sequences.
         let shard = self.train_sequences.div_ceil(self.world_size);
         if self.train_sequences == 0 || shard < self.batch_size {
-            let (train_sequences, world_size, batch_size) = (self.train_sequences, self.world_size, self.batch_size);
+            let (train_sequences, world_size, batch_size) =
+                (self.train_sequences, self.world_size, self.batch_size);
             return Err(ConfigError::TooLittleData { train_sequences, world_size, shard, batch_size });
         }
         if let Some(stop_after) = self.stop_after {
@@ -203,12 +204,29 @@ impl TrainConfig {
 #[derive(Debug)]
 pub enum Event<'a> {
     /// Training starts (or resumes) at `first_step`, for steps up to `last_step`.
-    Started { first_step: usize, last_step: usize, parameters: i64, buckets: usize, config: &'a TrainConfig },
+    Started {
+        first_step: usize,
+        last_step: usize,
+        parameters: i64,
+        buckets: usize,
+        config: &'a TrainConfig,
+    },
     /// Optimizer step `step` (counted from 1) is done.
-    Stepped { step: usize },
+    Stepped {
+        step: usize,
+    },
     /// The global batch's mean loss and accuracy at `step`, and the speed since the last log.
-    Logged { step: usize, loss: f64, accuracy: f64, lr: f64, tokens_per_second: f64 },
-    Checkpointed { step: usize, path: &'a std::path::Path },
+    Logged {
+        step: usize,
+        loss: f64,
+        accuracy: f64,
+        lr: f64,
+        tokens_per_second: f64,
+    },
+    Checkpointed {
+        step: usize,
+        path: &'a std::path::Path,
+    },
 }
 
 /// How the held-out set fares: mean masked loss and accuracy.

@@ -44,7 +44,17 @@ impl AdamW {
     pub fn new(params: &[(String, Tensor)], lr: f64, weight_decay: f64) -> AdamW {
         let zeros = || params.iter().map(|(_, p)| p.zeros_like().detach()).collect::<Vec<_>>();
         let params = params.iter().map(|(name, p)| (name.clone(), p.shallow_clone())).collect();
-        AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, params, exp_avg: zeros(), exp_avg_sq: zeros(), step: 0 }
+        AdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            params,
+            exp_avg: zeros(),
+            exp_avg_sq: zeros(),
+            step: 0,
+        }
     }
 
     /// Forgets every gradient: the next `backward` starts from nothing.
@@ -64,7 +74,9 @@ impl AdamW {
         let bias_correction2 = 1.0 - self.beta2.powf(t);
         let step_size = self.lr / bias_correction1;
         tch::no_grad(|| {
-            for (((_, param), m), v) in self.params.iter_mut().zip(&mut self.exp_avg).zip(&mut self.exp_avg_sq) {
+            for (((_, param), m), v) in
+                self.params.iter_mut().zip(&mut self.exp_avg).zip(&mut self.exp_avg_sq)
+            {
                 let grad = param.grad();
                 if !grad.defined() {
                     continue; // not in this step's loss: no update, as in PyTorch
@@ -72,7 +84,8 @@ impl AdamW {
                 // In-place ops (trailing `_`) also return a handle on the
                 // tensor they changed; `let _` drops it.
                 if self.weight_decay != 0.0 {
-                    let _ = param.f_mul_scalar_(1.0 - self.lr * self.weight_decay)?; // decoupled decay
+                    let _ = param.f_mul_scalar_(1.0 - self.lr * self.weight_decay)?;
+                    // decoupled decay
                 }
                 let _ = m.f_mul_scalar_(self.beta1)?.f_add_(&(&grad * (1.0 - self.beta1)))?; // m = b1 m + (1 - b1) g
                 let _ = v.f_mul_scalar_(self.beta2)?.f_addcmul_(&(&grad * (1.0 - self.beta2)), &grad)?; // v = b2 v + (1 - b2) g²
@@ -120,7 +133,10 @@ impl AdamW {
             if saved.size() != moment.size() || saved.kind() != moment.kind() {
                 return Err(format!(
                     "optimizer entry `{key}` is {:?} {:?}, the model needs {:?} {:?}",
-                    saved.kind(), saved.size(), moment.kind(), moment.size()
+                    saved.kind(),
+                    saved.size(),
+                    moment.kind(),
+                    moment.size()
                 ));
             }
             moment.copy_(saved);

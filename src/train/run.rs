@@ -72,14 +72,19 @@ fn micro_batch(task: &TokenTask, indices: &[i64]) -> (Tensor, Tensor, Tensor) {
 // ANCHOR: train_rank
 /// One rank's whole run: build the replica (or restore it from the
 /// checkpoint), wrap it, then step through its shard of the data.
-pub fn train_rank(pg: Group, config: &TrainConfig, on_event: &(dyn Fn(Event) + Sync)) -> anyhow::Result<RankOutcome> {
+pub fn train_rank(
+    pg: Group,
+    config: &TrainConfig,
+    on_event: &(dyn Fn(Event) + Sync),
+) -> anyhow::Result<RankOutcome> {
     if let Some(threads) = config.threads_per_rank {
         tch::set_num_threads(threads as i32); // ranks share the cores: do not oversubscribe them
     }
     let rank = pg.rank();
     // ANCHOR: setup
     let task = TokenTask::standard(config.seed as i64, config.train_sequences as i64);
-    let gpt_config = GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
+    let gpt_config =
+        GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
     // Same seed on every rank: the same initial weights (chapter 2).
     let (vs, gpt) = Gpt::seeded(config.seed as i64, &gpt_config, Kind::Float);
 
@@ -139,7 +144,11 @@ pub fn train_rank(pg: Group, config: &TrainConfig, on_event: &(dyn Fn(Event) + S
         train_time += elapsed;
         window = (window.0 + elapsed, window.1 + 1);
         losses.push(rank_loss);
-        progress = Progress { step: step as i64, epoch: cursor.sampler.epoch() as i64, position: cursor.position as i64 };
+        progress = Progress {
+            step: step as i64,
+            epoch: cursor.sampler.epoch() as i64,
+            position: cursor.position as i64,
+        };
         // ANCHOR_END: step
 
         // ANCHOR: rank0
@@ -158,7 +167,8 @@ pub fn train_rank(pg: Group, config: &TrainConfig, on_event: &(dyn Fn(Event) + S
             on_event(Event::Stepped { step });
             if let Some(path) = checkpoint_due(config, step) {
                 let model = model_tensors(&vs); // the unwrapped model's weights
-                let state = Checkpoint { model, optimizer: optimizer.state(), progress, settings: config.settings() };
+                let state =
+                    Checkpoint { model, optimizer: optimizer.state(), progress, settings: config.settings() };
                 checkpoint::save(path, &state)?;
                 on_event(Event::Checkpointed { step, path });
             }
@@ -190,7 +200,10 @@ fn checkpoint_due(config: &TrainConfig, step: usize) -> Option<&std::path::Path>
 
 /// Reads the checkpoint to resume from and checks that it fits this run:
 /// intact, written with the same settings, and not past the run's end.
-pub(super) fn load_for_resume(path: &std::path::Path, config: &TrainConfig) -> Result<Checkpoint, CheckpointError> {
+pub(super) fn load_for_resume(
+    path: &std::path::Path,
+    config: &TrainConfig,
+) -> Result<Checkpoint, CheckpointError> {
     let saved = checkpoint::load(path)?;
     saved.check_settings(path, &config.settings())?;
     if saved.progress.step as usize > config.steps {
@@ -214,7 +227,7 @@ pub fn evaluate(model: &Gpt, config: &TrainConfig) -> Evaluation {
             let len = (held_out.len() - start).min(500);
             let (inputs, targets, mask) = held_out.batch(start, len);
             let logits = tch::nn::Module::forward(model, &inputs); // [len, seq, vocab]
-            // Every sequence has the same number of scored positions: weigh chunks by length.
+                                                                   // Every sequence has the same number of scored positions: weigh chunks by length.
             loss += masked_cross_entropy(&logits, &targets, &mask).double_value(&[]) * len as f64;
             accuracy += masked_accuracy(&logits, &targets, &mask) * len as f64;
         }

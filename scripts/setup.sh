@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# scripts/setup.sh: installs everything ddp-workbook needs, once per checkout.
+# Run it from anywhere:   scripts/setup.sh
+#
+# What it does (each step checks first and skips what is already done, so it
+# is safe and fast to run again):
+#   1. checks the Rust toolchain (cargo 1.94 or newer: .cargo/config.toml uses
+#      the `include` key, stable since 1.94);
+#   2. checks Python 3 (3.10 or newer, with the venv module);
+#   3. creates the project's own virtual environment, .venv/;
+#   4. installs PyTorch 2.11.0 into it (the wheel carries libtorch, CUDA and
+#      NCCL: about 2.7 GB to download, 4.6 GB on disk);
+#   5. writes .cargo/libtorch.toml (git-ignored), which tells cargo where this
+#      machine's libtorch is, so that plain `cargo build` just works;
+#   6. installs mdBook, the tool that builds the book in chapters/;
+#   7. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
+#      compiled once: 7-20 minutes on 2 cores) and Jupyter in .venv.
+# To add a step (MPI, NCCL, ...): write a `step_...` function and add its
+# name to STEPS and a title to TITLES at the bottom.
+#
+# It never asks questions, so it runs unattended in CI (CI=true).
+
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+
+# The versions this project is built for. tch 0.24 is made for libtorch
+# 2.11.0 exactly (see DESIGN.md); keep these in step with Cargo.toml.
+TORCH_VERSION="2.11.0"
+MDBOOK_VERSION="0.5.4"
+MIN_CARGO_MINOR=94    # cargo 1.94: `include` in .cargo/config.toml
+MIN_PYTHON_MINOR=10   # torch 2.11 wheels exist for Python 3.10 and newer
+
+VENV_DIR="$REPO_ROOT/.venv"
+VENV_PYTHON="$VENV_DIR/bin/python"
+LIBTORCH_CONFIG="$REPO_ROOT/.cargo/libtorch.toml"
+
+# ---------------------------------------------------------------- helpers
+
+step_number=0
+step_total=0
+
+say()  { printf '    %s\n' "$*"; }
+done_already() { printf '    ok: %s\n' "$*"; }
+
+# fail WHAT-WENT-WRONG WHAT-TO-DO...: stop with a message a person can act on.
+fail() {
+    printf '\nsetup.sh: FAILED: %s\n' "$1" >&2
+    shift
+    for hint in "$@"; do
+        printf '    -> %s\n' "$hint" >&2
+    done
+    exit 1
+}
+
+# pip shows a progress bar on a terminal; in CI logs it is only noise.
+pip_progress_flag() {
+    if [[ -t 1 && -z "${CI:-}" ]]; then echo "--progress-bar=on"; else echo "--progress-bar=off"; fi
+}
+
+# ------------------------------------------------------------------ steps
+
+step_rust() {
+    command -v cargo >/dev/null 2>&1 ||
+        fail "cargo was not found on PATH." \
+             "Install Rust with rustup (https://rustup.rs), then open a new shell."
+    local version minor
+    version="$(cargo --version)"                     # "cargo 1.95.0 (f2d3ce0bd ...)"
+    minor="$(sed -E 's/^cargo 1\.([0-9]+).*/\1/' <<<"$version")"
+    [[ "$minor" =~ ^[0-9]+$ ]] ||
+        fail "could not read the cargo version from '$version'."
+    (( minor >= MIN_CARGO_MINOR )) ||
+        fail "$version is too old: this project needs cargo 1.$MIN_CARGO_MINOR or newer (older cargo ignores the 'include' in .cargo/config.toml, so it cannot find libtorch)." \
+             "Update it: rustup update stable"
+    done_already "$version"
+}
+
+step_python() {
+    command -v python3 >/dev/null 2>&1 ||
+        fail "python3 was not found on PATH." \
+             "Debian/Ubuntu: sudo apt-get install python3 python3-venv"
+    local minor
+    minor="$(python3 -c 'import sys; print(sys.version_info[1] if sys.version_info[0] == 3 else -1)')"
+    (( minor >= MIN_PYTHON_MINOR )) ||
+        fail "$(python3 --version 2>&1) is too old: torch $TORCH_VERSION needs Python 3.$MIN_PYTHON_MINOR or newer." \
+             "Install a newer Python 3 and make it the python3 on PATH."
+    done_already "$(python3 --version 2>&1) at $(command -v python3)"
+}
+
+# A usable venv: its python runs and has pip. A half-made one (interrupted,
+# or its base Python was removed) is rebuilt.
+venv_is_usable() {
+    [[ -x "$VENV_PYTHON" ]] && "$VENV_PYTHON" -m pip --version >/dev/null 2>&1
+}
+
+step_venv() {
+    if venv_is_usable; then
+        done_already ".venv exists ($("$VENV_PYTHON" --version 2>&1))"
+        return
+    fi
+    if [[ -e "$VENV_DIR" ]]; then
+        say ".venv exists but is broken (no working python or pip): rebuilding it"
+        rm -rf "$VENV_DIR"
+    fi
+    # Debian splits ensurepip (needed by `python3 -m venv`) into python3-venv.
+    python3 -c 'import venv, ensurepip' >/dev/null 2>&1 ||
+        fail "Python's venv module is not installed (python3 -m venv needs ensurepip)." \
+             "Debian/Ubuntu: sudo apt-get install python3-venv" \
+             "(if that is not enough: sudo apt-get install python3.$(python3 -c 'import sys; print(sys.version_info[1])')-venv)"
+    say "creating .venv with $(python3 --version 2>&1)"
+    python3 -m venv "$VENV_DIR" ||
+        fail "python3 -m venv .venv failed (see the message above)." \
+             "Debian/Ubuntu: sudo apt-get install python3-venv, then run scripts/setup.sh again."
+    venv_is_usable ||
+        fail ".venv was created but its pip does not work." \
+             "Delete .venv and run scripts/setup.sh again."
+    done_already ".venv created"
+}
+
+# The installed torch version, read from the package metadata (importing
+# torch itself takes seconds); empty when torch is not installed.
+installed_torch_version() {
+    "$VENV_PYTHON" - <<'EOF' 2>/dev/null || true
+import importlib.metadata as metadata
+try:
+    print(metadata.version("torch"))
+except metadata.PackageNotFoundError:
+    pass
+EOF
+}
+
+step_torch() {
+    local have
+    have="$(installed_torch_version)"
+    # "2.11.0" or, for some wheels, "2.11.0+cu130" / "2.11.0+cpu".
+    if [[ "${have%%+*}" == "$TORCH_VERSION" ]]; then
+        done_already "torch $have is installed in .venv"
+        return
+    fi
+    if [[ -n "$have" ]]; then
+        say "torch $have is installed, but this project needs $TORCH_VERSION: replacing it"
+    fi
+    say "installing torch==$TORCH_VERSION into .venv"
+    say "(about 2.7 GB to download with its CUDA libraries, 4.6 GB on disk; a few minutes on a fast link)"
+    "$VENV_PYTHON" -m pip install --no-input "$(pip_progress_flag)" "torch==$TORCH_VERSION" ||
+        fail "pip could not install torch==$TORCH_VERSION (see pip's message above)." \
+             "Check the network and free disk space (about 10 GB during the install), then run scripts/setup.sh again."
+    have="$(installed_torch_version)"
+    [[ "${have%%+*}" == "$TORCH_VERSION" ]] ||
+        fail "after the install, .venv has torch '$have', not $TORCH_VERSION."
+    done_already "torch $have installed"
+}
+
+# The folder of the torch package: libtorch's lib/ and include/ are inside.
+# find_spec locates it without importing torch.
+torch_dir() {
+    "$VENV_PYTHON" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch").origin))'
+}
+
+step_libtorch_config() {
+    local dir
+    dir="$(torch_dir)" || fail "the python in .venv cannot find the torch package." \
+                               "Delete .venv and run scripts/setup.sh again."
+    [[ -f "$dir/lib/libtorch_cpu.so" && -d "$dir/include/torch" ]] ||
+        fail "$dir does not hold libtorch (lib/libtorch_cpu.so and include/torch are missing)." \
+             "Delete .venv and run scripts/setup.sh again."
+    # A TOML basic string; json.dumps escapes exactly what TOML needs.
+    local wanted
+    wanted="$("$VENV_PYTHON" - "$dir" <<'EOF'
+import json, sys
+print("# Written by scripts/setup.sh: where this machine's libtorch is.")
+print("# Do not commit (git-ignored); run scripts/setup.sh again if .venv moves.")
+print("[env]")
+print("LIBTORCH = { value = %s }" % json.dumps(sys.argv[1]))
+EOF
+)"
+    if [[ -f "$LIBTORCH_CONFIG" && "$(cat "$LIBTORCH_CONFIG")" == "$wanted" ]]; then
+        done_already ".cargo/libtorch.toml points at $dir"
+        return
+    fi
+    printf '%s\n' "$wanted" > "$LIBTORCH_CONFIG.tmp"
+    mv "$LIBTORCH_CONFIG.tmp" "$LIBTORCH_CONFIG"
+    done_already "wrote .cargo/libtorch.toml: LIBTORCH = $dir"
+}
+
+# Where `cargo install` puts binaries.
+CARGO_BIN="${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}/bin"
+
+step_mdbook() {
+    local mdbook have=""
+    mdbook="$(command -v mdbook || echo "$CARGO_BIN/mdbook")"
+    if [[ -x "$mdbook" ]]; then
+        have="$("$mdbook" --version 2>/dev/null || true)"   # "mdbook v0.5.4"
+    fi
+    if [[ "$have" == "mdbook v$MDBOOK_VERSION" ]]; then
+        done_already "$have ($mdbook)"
+    else
+        [[ -n "$have" ]] && say "found $have; this project pins mdbook $MDBOOK_VERSION: replacing it"
+        say "installing mdbook $MDBOOK_VERSION with cargo install (compiles it: about 5 minutes on 2 cores)"
+        cargo install mdbook --version "$MDBOOK_VERSION" --locked ||
+            fail "cargo install mdbook --version $MDBOOK_VERSION --locked failed (see above)."
+        done_already "mdbook $MDBOOK_VERSION installed in $CARGO_BIN"
+    fi
+    if ! command -v mdbook >/dev/null 2>&1; then
+        say "note: $CARGO_BIN is not on your PATH; add it to run \`mdbook serve\` by name:"
+        say "      export PATH=\"$CARGO_BIN:\$PATH\"   (scripts/test.sh finds it either way)"
+    fi
+}
+
+# The notebooks' own set-up (evcxr_jupyter, Jupyter in .venv, the kernel)
+# lives in its own script, which notebooks/README.md documents.
+step_notebooks() {
+    if [[ ! -f "$REPO_ROOT/scripts/setup_notebooks.sh" ]]; then
+        done_already "no scripts/setup_notebooks.sh in this checkout: nothing to do"
+        return
+    fi
+    say "running scripts/setup_notebooks.sh"
+    bash "$REPO_ROOT/scripts/setup_notebooks.sh" ||
+        fail "scripts/setup_notebooks.sh failed (see its message above)."
+}
+
+# ------------------------------------------------------------------- main
+
+STEPS=(rust python venv torch libtorch_config mdbook notebooks)
+TITLES=(
+    "Rust toolchain"
+    "Python 3"
+    "virtual environment .venv"
+    "PyTorch $TORCH_VERSION (libtorch) in .venv"
+    "tell cargo where libtorch is (.cargo/libtorch.toml)"
+    "mdBook $MDBOOK_VERSION (builds the book)"
+    "notebooks: evcxr_jupyter, Jupyter and the Rust kernel"
+)
+
+start_seconds=$SECONDS
+step_total=${#STEPS[@]}
+echo "ddp-workbook set-up in $REPO_ROOT"
+for i in "${!STEPS[@]}"; do
+    step_number=$((i + 1))
+    printf '\n==> [%d/%d] %s\n' "$step_number" "$step_total" "${TITLES[$i]}"
+    "step_${STEPS[$i]}"
+done
+printf '\nSet-up complete in %ds. Next: scripts/test.sh (or cargo test --test chapter_01).\n' \
+    $((SECONDS - start_seconds))
