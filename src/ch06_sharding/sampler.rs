@@ -41,7 +41,7 @@ impl SplitMix64 {
 }
 
 /// The numbers `0..len` in a random order determined by `seed` alone: a
-/// Fisher-Yates shuffle driven by [`SplitMix64`]. Every rank that calls it
+/// Fisher-Yates shuffle driven by SplitMix64 (below). Every rank that calls it
 /// with the same `len` and `seed` gets the same order.
 pub fn permutation(len: usize, seed: u64) -> Vec<i64> {
     let mut order: Vec<i64> = (0..len as i64).collect();

@@ -194,7 +194,7 @@ fn model_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
 fn checkpoint_due(config: &TrainConfig, step: usize) -> Option<&std::path::Path> {
     let every = config.checkpoint_every;
     let last = config.stop_after.unwrap_or(config.steps);
-    let due = step == last || (every > 0 && step % every == 0);
+    let due = step == last || (every > 0 && step.is_multiple_of(every));
     config.checkpoint.as_deref().filter(|_| due)
 }
 

@@ -1,0 +1,147 @@
+//! Chapter 04 tests, edge cases: the `no_sync` switch is restored on every
+//! way out of its scope (the end of a block, `?`, a panic, nested scopes,
+//! a scope opened while the switch was already off) and really decides
+//! whether backward communicates; bad input gets a clear error, before a
+//! weight changes or a byte is sent.
+//!
+//! Compiled into `cargo test --test chapter_04` (see `tests/chapter_04.rs`).
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use ddp_workbook::ch04_accumulation::{
+    accumulate_and_step, micro_batch_size, split_micro_batches, AccumulationError,
+    SimpleDistributedDataParallelism,
+};
+use ddp_workbook::check::{max_reference_diff, snapshot};
+use ddp_workbook::models::Mlp;
+use ddp_workbook::tch::{Kind, Tensor};
+
+use super::training::*;
+
+/// Opens a no_sync scope, then leaves it early through `?`.
+fn leave_early(ddp: &SimpleDistributedDataParallelism<Mlp>) -> Result<(), String> {
+    let _guard = ddp.no_sync();
+    Err("an error in the middle of the scope".to_string())?;
+    unreachable!("`?` returns before this line")
+}
+
+#[test]
+fn no_sync_restores_the_previous_state_on_every_way_out() {
+    run(2, |pg| {
+        let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
+        let on = || ddp.require_backward_grad_sync();
+        anyhow::ensure!(on(), "the switch must start on");
+        {
+            let _guard = ddp.no_sync();
+            anyhow::ensure!(!on(), "inside no_sync the switch must be off");
+        }
+        anyhow::ensure!(on(), "after a no_sync block the switch must be back on");
+        anyhow::ensure!(
+            leave_early(&ddp).is_err() && on(),
+            "after leaving no_sync through `?` the switch must be back on"
+        );
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            let _guard = ddp.no_sync();
+            // A panic that unwinds like `panic!` but skips the panic hook, so
+            // that this expected panic prints no message or backtrace.
+            resume_unwind(Box::new("a deliberate panic inside no_sync"));
+        }));
+        anyhow::ensure!(caught.is_err() && on(), "after a panic inside no_sync the switch must be back on");
+        {
+            let _outer = ddp.no_sync();
+            {
+                let _inner = ddp.no_sync();
+                anyhow::ensure!(!on(), "inside nested no_sync scopes the switch must be off");
+            }
+            anyhow::ensure!(
+                !on(),
+                "closing an INNER no_sync must leave the switch off (return the previous state, not `true`)"
+            );
+        }
+        anyhow::ensure!(on(), "closing the outer no_sync must turn the switch back on");
+        ddp.set_require_backward_grad_sync(false);
+        ddp.no_sync_scope(|| ());
+        anyhow::ensure!(!on(), "no_sync opened while the switch was off must leave it off");
+        ddp.set_require_backward_grad_sync(true);
+        anyhow::ensure!(
+            ddp.no_sync_scope(|| 7) == 7 && on(),
+            "no_sync_scope must return the closure's value and restore"
+        );
+
+        // And the switch really decides whether backward communicates.
+        let all_reduces = || ddp.process_group().stats().all_reduce;
+        let x = Tensor::ones([2, 4], (Kind::Double, ddp_workbook::tch::Device::Cpu)); // [2, 4]
+        let before = all_reduces();
+        ddp.no_sync_scope(|| ddp.backward(&ddp.forward(&x).sum(Kind::Double)))?;
+        anyhow::ensure!(all_reduces() == before, "backward inside no_sync must not communicate");
+        ddp.backward(&ddp.forward(&x).sum(Kind::Double))?;
+        anyhow::ensure!(
+            all_reduces() == before + PARAMS_WITH_GRAD,
+            "backward outside no_sync: one all-reduce per gradient"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_not_a_panic() {
+    // The arithmetic: 12 rows do not split over 2 ranks x 5 steps.
+    let message =
+        micro_batch_size(GLOBAL_BATCH, 2, 5).expect_err("12 rows over 2 x 5 must be refused").to_string();
+    println!("micro_batch_size(12, 2, 5): {message}");
+    assert!(
+        message.contains("12 rows") && message.contains("10"),
+        "the message must name the rows and the 2 x 5 = 10 parts: {message}"
+    );
+    assert!(matches!(micro_batch_size(GLOBAL_BATCH, 2, 0), Err(AccumulationError::NoMicroBatches { .. })));
+    assert_eq!(micro_batch_size(GLOBAL_BATCH, 2, 3).ok(), Some(2));
+    let rows_of_zeros = || {
+        let options = (Kind::Double, ddp_workbook::tch::Device::Cpu);
+        (Tensor::zeros([6, 4], options), Tensor::zeros([6, 1], options)) // [6, 4], [6, 1]
+    };
+    let (x, y) = rows_of_zeros();
+    assert!(matches!(split_micro_batches(&x, &y, 0), Err(AccumulationError::NoMicroBatches { .. })));
+    assert!(matches!(
+        split_micro_batches(&x, &y, 4),
+        Err(AccumulationError::Uneven { rows: 6, parts: 4, .. })
+    ));
+    assert!(
+        matches!(split_micro_batches(&x, &y, 12), Err(AccumulationError::Uneven { .. })),
+        "6 rows cannot make 12 non-empty micro-batches"
+    );
+
+    // The step itself: refused before it changes a weight or sends a byte.
+    run(2, |pg| {
+        let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+        let mut opt = Optim::Sgd.build(&vs)?;
+        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
+        let (before, calls) = (snapshot(ddp.parameters()), ddp.process_group().stats().all_reduce);
+        let (x, y) = rows_of_zeros(); // Tensors are not Sync: each rank makes its own
+        let unequal = vec![(x.narrow(0, 0, 4), y.narrow(0, 0, 4)), (x.narrow(0, 4, 2), y.narrow(0, 4, 2))];
+        let mismatched = vec![(x.shallow_clone(), y.narrow(0, 0, 5))];
+        for (what, micro_batches) in [
+            ("no micro-batches", vec![]),
+            ("micro-batches of 4 and 2 rows", unequal),
+            ("6 inputs, 5 targets", mismatched),
+        ] {
+            let result = accumulate_and_step(&ddp, &mut opt, &micro_batches, mse);
+            let Err(error) = result else {
+                anyhow::bail!("accumulate_and_step accepted {what}: call check_micro_batches first")
+            };
+            if ddp.process_group().rank() == 0 {
+                println!("accumulate_and_step with {what}: {error}");
+            }
+        }
+        anyhow::ensure!(
+            max_reference_diff(ddp.parameters(), &before) == 0.0,
+            "a refused step must not change the weights"
+        );
+        anyhow::ensure!(
+            ddp.process_group().stats().all_reduce == calls,
+            "a refused step must not communicate"
+        );
+        anyhow::ensure!(ddp.require_backward_grad_sync(), "a refused step must leave the sync switch on");
+        Ok(())
+    });
+}
