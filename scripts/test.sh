@@ -19,6 +19,8 @@
 #             notebooks carry no outputs (--check-clean); the runner's own
 #             tests (a planted panic must fail)
 #   clippy    cargo clippy --all-targets --features solutions -- -D warnings
+#   train     cargo run --release --example train exits 0: the default run
+#             reaches its accuracy target
 #
 # The last line is the summary CI reads, alone on its line:
 #   N passed, N failed[, N skipped]
@@ -281,6 +283,19 @@ if cargo clippy --all-targets --features solutions -- -D warnings >"$LOG_DIR/cli
 else
     grep -E '^(warning|error)' -A 6 "$LOG_DIR/clippy.log" | head -n 80
     check_result clippy FAIL "fix the lints above (full log: target/test-logs/clippy.log)"
+fi
+
+# ------------------------------------------------------------------ train
+
+section "cargo run --release --example train: the real run reaches its target"
+# The default run trains the tiny GPT on 2 ranks and exits 0 only when its
+# held-out accuracy reaches the stated target (its last line says PASS).
+# Its numbers are the same on every run; only the wall time varies.
+if limited "$CHAPTER_TIMEOUT" cargo run --release --example train >"$LOG_DIR/train.log" 2>&1; then
+    check_result train OK "$(grep -E '^PASS' "$LOG_DIR/train.log" | tail -n 1)"
+else
+    tail -n 20 "$LOG_DIR/train.log"
+    check_result train FAIL "the default training run missed its target or failed (target/test-logs/train.log)"
 fi
 
 echo
