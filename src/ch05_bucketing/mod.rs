@@ -198,8 +198,8 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 }
 
 /// Every rank tells every rank its caps and a fingerprint of its layout; all
-/// fail together if any differs from rank 0's.
-fn check_same_layout(
+/// fail together if any differs from rank 0's. (Solved; chapter 6 reuses it.)
+pub fn check_same_layout(
     pg: &dyn ProcessGroup,
     cap_bytes: usize,
     first_cap_bytes: usize,
@@ -228,8 +228,9 @@ fn check_same_layout(
 /// A parameter without a gradient on this rank sent zeros. If its averaged
 /// slot is not zero, another rank did compute a gradient for it: the others
 /// will update it and this rank will not, and the replicas drift apart
-/// silently. Turn that into an error that names the parameter.
-fn check_missing_gradients(
+/// silently. Turn that into an error that names the parameter. (Solved;
+/// chapter 6 reuses it.)
+pub fn check_missing_gradients(
     pg: &dyn ProcessGroup,
     bucket: &Bucket,
     buffer: &Tensor,

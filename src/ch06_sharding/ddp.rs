@@ -23,8 +23,11 @@ use crate::ch02_replicas::verified_tensors;
 use crate::ch04_accumulation::solution::begin_no_sync;
 use crate::ch05_bucketing::layout::{self, Bucket, ParamMeta};
 use crate::ch05_bucketing::solution::{plan_buckets, sync_bucket};
-use crate::ch05_bucketing::{BucketingError, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES};
-use crate::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp};
+use crate::ch05_bucketing::{
+    check_missing_gradients, check_same_layout, BucketingError, DEFAULT_BUCKET_CAP_BYTES,
+    DEFAULT_FIRST_BUCKET_CAP_BYTES,
+};
+use crate::dist::{CommStats, DistError, Group, ReduceOp};
 
 // ANCHOR: wrapper
 /// A model replicated on every rank of a process group, with everything the
@@ -251,59 +254,3 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     }
 }
 // ANCHOR_END: accessors
-
-/// All ranks compare their caps and a fingerprint of their layouts and fail
-/// together if any differs from rank 0's: their all-reduces would not pair.
-fn check_same_layout(
-    pg: &dyn ProcessGroup,
-    cap: usize,
-    first_cap: usize,
-    buckets: &[Bucket],
-) -> Result<(), BucketingError> {
-    let mine = [cap as i64, first_cap as i64, buckets.len() as i64, layout::fingerprint(buckets)];
-    let all = pg.all_gather(&Tensor::from_slice(&mine)).map_err(BucketingError::Dist)?; // world_size x [4]
-    let all: Vec<Vec<i64>> =
-        all.iter().map(Vec::<i64>::try_from).collect::<Result<_, _>>().map_err(|source| {
-            BucketingError::Dist(DistError::Torch {
-                rank: pg.rank(),
-                op: "reading the bucket layouts".into(),
-                source,
-            })
-        })?;
-    match (0..all.len()).find(|&r| all[r] != all[0]) {
-        None => Ok(()),
-        Some(r) => Err(BucketingError::LayoutsDiffer(format!(
-            "rank 0 has caps {} B / {} B and {} buckets, rank {r} has {} B / {} B and {} buckets",
-            all[0][0], all[0][1], all[0][2], all[r][0], all[r][1], all[r][2]
-        ))),
-    }
-}
-
-/// A parameter without a gradient here sent zeros; a non-zero average means
-/// another rank used it, and only the others would update it. Say so.
-fn check_missing_gradients(
-    pg: &dyn ProcessGroup,
-    bucket: &Bucket,
-    buffer: &Tensor,
-    params: &[(String, Tensor)],
-) -> Result<(), DistError> {
-    let mut offset = 0;
-    for &index in &bucket.params {
-        let (name, param) = &params[index];
-        let numel = param.numel() as i64;
-        if numel > 0 && !param.grad().defined() {
-            let largest = tch::no_grad(|| buffer.narrow(0, offset, numel).abs().max().double_value(&[]));
-            if largest != 0.0 {
-                let detail = format!(
-                    "`{name}` has no gradient on rank {} but other ranks computed one (averaged values up \
-                     to {largest:e}); they would update it and this rank would not. Use every parameter \
-                     in the loss on every rank, or on none.",
-                    pg.rank()
-                );
-                return Err(DistError::Invalid { rank: pg.rank(), op: "sync_gradients".into(), detail });
-            }
-        }
-        offset += numel;
-    }
-    Ok(())
-}
