@@ -171,6 +171,15 @@ impl Drop for NoSyncGuard<'_> {
 }
 // ANCHOR_END: guard
 
+impl<'a> NoSyncGuard<'a> {
+    /// Turns `switch` off with the REFERENCE `begin_no_sync` and returns the
+    /// guard that restores it: how later chapters' wrappers open a scope.
+    pub(crate) fn open_with_reference(switch: &'a Cell<bool>) -> Self {
+        let previous = solution::begin_no_sync(switch);
+        NoSyncGuard { switch, previous }
+    }
+}
+
 /// Why an accumulation step was refused. Each message says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum AccumulationError {

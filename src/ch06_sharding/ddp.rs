@@ -9,9 +9,8 @@
 //! - construction: chapter 2's structure check and `verify_replicas`;
 //! - the layout and the sync: chapter 5's `plan_buckets` and `sync_bucket`,
 //!   one all-reduce per bucket;
-//! - `backward` and `no_sync`: chapter 4's switch. Chapter 4's `NoSyncGuard`
-//!   can only be built by chapter 4's wrapper (its fields are private), so
-//!   this file has its own guard, around chapter 4's `begin_no_sync`.
+//! - `backward` and `no_sync`: chapter 4's switch and its `NoSyncGuard`,
+//!   opened with chapter 4's reference `begin_no_sync`.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -20,7 +19,7 @@ use tch::nn::{self, Module};
 use tch::Tensor;
 
 use crate::ch02_replicas::verified_tensors;
-use crate::ch04_accumulation::solution::begin_no_sync;
+use crate::ch04_accumulation::NoSyncGuard;
 use crate::ch05_bucketing::layout::{self, Bucket, ParamMeta};
 use crate::ch05_bucketing::solution::{plan_buckets, sync_bucket};
 use crate::ch05_bucketing::{
@@ -146,8 +145,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// switch back as it was (also on `?` and on panic). Bind it to a name:
     /// `let _no_sync = ddp.no_sync();` (`let _ = ...` drops it at once).
     pub fn no_sync(&self) -> NoSyncGuard<'_> {
-        let previous = begin_no_sync(&self.require_backward_grad_sync);
-        NoSyncGuard { switch: &self.require_backward_grad_sync, previous }
+        NoSyncGuard::open_with_reference(&self.require_backward_grad_sync)
     }
     // ANCHOR_END: no_sync
 
@@ -160,20 +158,6 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// Whether the next `backward` will average the gradients.
     pub fn require_backward_grad_sync(&self) -> bool {
         self.require_backward_grad_sync.get()
-    }
-}
-
-/// An open `no_sync` scope of the chapter-6 wrapper: while it lives,
-/// `backward` only accumulates.
-#[must_use = "the no_sync scope ends when the guard is dropped: bind it with `let _no_sync = ddp.no_sync();`"]
-pub struct NoSyncGuard<'a> {
-    switch: &'a Cell<bool>,
-    previous: bool,
-}
-
-impl Drop for NoSyncGuard<'_> {
-    fn drop(&mut self) {
-        self.switch.set(self.previous);
     }
 }
 

@@ -34,8 +34,9 @@ use exercise as active;
 #[cfg(feature = "solutions")]
 use solution as active;
 
+pub use crate::ch04_accumulation::NoSyncGuard;
 pub use active::{samples_per_rank, shard_indices};
-pub use ddp::{NoSyncGuard, SimpleDistributedDataParallelism};
+pub use ddp::SimpleDistributedDataParallelism;
 pub use sampler::{permutation, DistributedSampler, SamplerError};
 pub use step::train_step;
 
