@@ -1,0 +1,75 @@
+//! xtask/src/lib.rs: the pieces of `cargo xtask test`, the ddp-workbook test
+//! suite (scripts/test.sh runs it). `main.rs` reads the command line and runs
+//! the checks in order; everything else lives in these modules so that the
+//! parsers can be unit-tested: `cargo test -p xtask`.
+//!
+//! This crate has no dependency on tch or libtorch on purpose: it builds in
+//! seconds, and it can report a broken libtorch build instead of being one.
+
+pub mod book_includes; // `includes`: every {{#include}} of the book resolves
+pub mod cargo_json; // cargo's --message-format=json: test executables, errors
+pub mod files_check; // `files`: every repository path the text mentions exists
+pub mod libtest_json; // libtest's --format json events, counted per test
+pub mod process; // running a command with a log, an optional time limit
+pub mod report; // the OK/FAIL/SKIP lines and the closing summary line
+pub mod rust_source; // just enough Rust lexing to find `pub fn`s and their docs
+pub mod stubs_check; // `stubs`: exercises carry their solutions' docs
+pub mod test_checks; // `solutions` and `teeth`: which executables, and the verdicts
+pub mod test_executables; // building test executables and running one with JSON output
+pub mod tool_checks; // fmt, book, notebooks, clippy, train: external tools
+
+use std::path::{Path, PathBuf};
+
+/// The repository root: the folder above this crate's manifest. The runner
+/// works from there whatever the caller's current directory is.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask/ sits inside the repository").to_path_buf()
+}
+
+/// `CI` set (to anything but the empty string) means: a clean clone, run by a
+/// machine. Then hung steps get time limits, and no chapter is skipped.
+pub fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|value| !value.is_empty())
+}
+
+/// Where the suite runs and what applies to it, shared by every check.
+pub struct Context {
+    pub root: PathBuf,
+    /// target/test-logs/: one full log per command.
+    pub log_dir: PathBuf,
+    /// See [`in_ci`]: time limits on, no chapter skipped.
+    pub ci: bool,
+}
+
+impl Context {
+    pub fn new() -> std::io::Result<Context> {
+        let root = repo_root();
+        let log_dir = root.join("target").join("test-logs");
+        std::fs::create_dir_all(&log_dir)?;
+        Ok(Context { root, log_dir, ci: in_ci() })
+    }
+
+    pub fn log(&self, file_name: &str) -> PathBuf {
+        self.log_dir.join(file_name)
+    }
+
+    /// `limit` in CI, no limit elsewhere (see process.rs for why).
+    pub fn limit(&self, limit: std::time::Duration) -> Option<std::time::Duration> {
+        self.ci.then_some(limit)
+    }
+
+    /// A `cargo` command run at the repository root, with the same cargo that
+    /// runs us (`CARGO`, set by `cargo run`), so the toolchain never changes
+    /// between the runner and the builds it starts.
+    pub fn cargo(&self) -> std::process::Command {
+        let program = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut command = std::process::Command::new(program);
+        command.current_dir(&self.root);
+        command
+    }
+
+    /// A path for messages: relative to the repository root when inside it.
+    pub fn display<'a>(&self, path: &'a Path) -> std::borrow::Cow<'a, str> {
+        path.strip_prefix(&self.root).unwrap_or(path).to_string_lossy()
+    }
+}

@@ -1,0 +1,152 @@
+//! xtask/src/stubs_check.rs: the `stubs` check. Every exercise stub must say
+//! exactly what its reference solution does: for each `pub fn` in a chapter's
+//! src/chNN_*/exercise.rs, the doc comment and the signature must equal those
+//! of the same `pub fn` in that chapter's solution.rs (or, when solution.rs
+//! only re-exports it, in the first file under src/ddp/ that defines it), and
+//! the body must be the chapter's `todo!("exercise chNN: ...")`, the message
+//! the teeth check looks for. Run it: `cargo xtask test --only stubs`.
+//!
+//! Why: a learner reads only the exercise file. A doc comment that drifted
+//! from the solution describes a function the tests do not check.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::rust_source::{canonical_signature, public_fns, PubFn};
+
+/// What the check found, over every chapter.
+#[derive(Debug, Default)]
+pub struct StubsOutcome {
+    pub chapters: usize,
+    pub functions: usize,
+    /// One message per problem, several lines each.
+    pub problems: Vec<String>,
+}
+
+/// A `pub fn` and the file it is in (a path relative to the repository).
+struct Located {
+    file: String,
+    item: PubFn,
+}
+
+/// The chapter folders that have an exercise: (`01`, src/ch01_collectives).
+pub fn chapter_dirs(root: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = fs::read_dir(root.join("src")) else { return Vec::new() };
+    let mut chapters: Vec<(String, PathBuf)> = entries
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let nn = name.strip_prefix("ch")?.get(..2)?.to_string();
+            let chapter_dir = nn.bytes().all(|b| b.is_ascii_digit()) && name[4..].starts_with('_');
+            (chapter_dir && entry.path().join("exercise.rs").is_file()).then(|| (nn, entry.path()))
+        })
+        .collect();
+    chapters.sort();
+    chapters
+}
+
+pub fn check_stubs(root: &Path) -> StubsOutcome {
+    let mut outcome = StubsOutcome::default();
+    let shared_files = rust_files_under(&root.join("src/ddp"));
+    for (nn, dir) in chapter_dirs(root) {
+        outcome.chapters += 1;
+        let relative = |path: &Path| path.strip_prefix(root).unwrap_or(path).display().to_string();
+        let exercise_path = dir.join("exercise.rs");
+        let solution_path = dir.join("solution.rs");
+        let exercise = fs::read_to_string(&exercise_path).unwrap_or_default();
+        let solution = fs::read_to_string(&solution_path).unwrap_or_default();
+        let solution_fns = public_fns(&solution);
+        for stub in public_fns(&exercise) {
+            outcome.functions += 1;
+            let stub = Located { file: relative(&exercise_path), item: stub };
+            let label = format!("ch{nn} {}", stub.item.name);
+            check_todo(&label, &nn, &stub, &mut outcome.problems);
+            let reference = match solution_fns.iter().find(|item| item.name == stub.item.name) {
+                Some(item) => Some(Located { file: relative(&solution_path), item: item.clone() }),
+                None => find_in_files(&shared_files, &stub.item.name, root),
+            };
+            let Some(reference) = reference else {
+                let where_else = if shared_files.is_empty() { "src/ddp/ (none there)" } else { "src/ddp/" };
+                outcome.problems.push(format!(
+                    "{label}: {}:{}: no `pub fn {}` in {} nor under {where_else}: not found",
+                    stub.file,
+                    stub.item.line,
+                    stub.item.name,
+                    relative(&solution_path)
+                ));
+                continue;
+            };
+            if let Some(problem) = compare_docs(&label, &stub, &reference) {
+                outcome.problems.push(problem);
+            }
+            if canonical_signature(&stub.item.signature) != canonical_signature(&reference.item.signature) {
+                outcome.problems.push(format!(
+                    "{label}: the signatures differ\n      exercise  {}:{}  {}\n      solution  {}:{}  {}",
+                    stub.file,
+                    stub.item.line,
+                    stub.item.signature,
+                    reference.file,
+                    reference.item.line,
+                    reference.item.signature
+                ));
+            }
+        }
+    }
+    outcome
+}
+
+/// The stub's body must hand the learner the chapter's todo! message.
+fn check_todo(label: &str, nn: &str, stub: &Located, problems: &mut Vec<String>) {
+    let expected = format!("todo!(\"exercise ch{nn}:");
+    if !stub.item.body.as_deref().is_some_and(|body| body.contains(&expected)) {
+        problems.push(format!(
+            "{label}: {}:{}: the body has no {expected} ...\") (the teeth check looks for that message)",
+            stub.file, stub.item.line
+        ));
+    }
+}
+
+/// The first difference between the two doc comments, if any.
+fn compare_docs(label: &str, stub: &Located, reference: &Located) -> Option<String> {
+    let (ours, theirs) = (&stub.item.doc, &reference.item.doc);
+    let first_difference = (0..ours.len().max(theirs.len()))
+        .find(|&i| ours.get(i).map(|d| &d.1) != theirs.get(i).map(|d| &d.1))?;
+    // Each side's line: its differing doc line, or the `pub fn` line where its comment has already ended.
+    let side = |located: &Located, doc: &[(usize, String)]| match doc.get(first_difference) {
+        Some((line, text)) => format!("{}:{line}  ///{text}", located.file),
+        None => format!("{}:{}  (the doc comment has ended)", located.file, located.item.line),
+    };
+    Some(format!(
+        "{label}: the doc comments differ (first at their line {})\n      exercise  {}\n      solution  {}",
+        first_difference + 1,
+        side(stub, ours),
+        side(reference, theirs)
+    ))
+}
+
+/// The first of `files` (in order) that defines `pub fn name`.
+fn find_in_files(files: &[PathBuf], name: &str, root: &Path) -> Option<Located> {
+    files.iter().find_map(|path| {
+        let item = public_fns(&fs::read_to_string(path).ok()?).into_iter().find(|item| item.name == name)?;
+        let file = path.strip_prefix(root).unwrap_or(path).display().to_string();
+        Some(Located { file, item })
+    })
+}
+
+/// Every .rs file under `dir`, recursively, sorted; none if it is missing.
+pub fn rust_files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        let Ok(entries) = fs::read_dir(&folder) else { continue };
+        for path in entries.filter_map(|entry| Some(entry.ok()?.path())) {
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}

@@ -1,0 +1,228 @@
+//! xtask/src/test_checks.rs: the `solutions` check (every test and doc test
+//! passes against the reference solutions) and the `teeth` check (every
+//! chapter's tests fail on the untouched exercise stubs). Run one of them:
+//! `cargo xtask test --only solutions`, `cargo xtask test --only teeth`.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::libtest_json::sum_test_result_lines;
+use crate::process::{self, describe_limit};
+use crate::report::{Outcome, Report};
+use crate::test_executables::{self as executables, describe_end, print_errors, print_failures};
+use crate::Context;
+
+/// In CI, the longest the whole solutions run may take (build, every test
+/// executable, doc tests) before it counts as hung: it takes a few minutes.
+const SOLUTIONS_LIMIT: Duration = Duration::from_secs(30 * 60);
+/// In CI, the longest one chapter's tests may take on the stubs.
+pub const CHAPTER_LIMIT: Duration = Duration::from_secs(10 * 60);
+
+pub fn solutions(ctx: &Context, report: &mut Report) {
+    report.section("cargo test --features solutions (all tests and doc tests, reference solutions)");
+    let log_path = ctx.log("solutions.log");
+    let mut log = match File::create(&log_path) {
+        Ok(file) => file,
+        Err(error) => {
+            return report.check("solutions", Outcome::Fail, &format!("{}: {error}", log_path.display()))
+        }
+    };
+    let deadline = ctx.ci.then(|| Instant::now() + SOLUTIONS_LIMIT);
+    let time_left = || deadline.map(|at| at.saturating_duration_since(Instant::now()));
+    let hung = format!("stopped after {}: it hangs", describe_limit(SOLUTIONS_LIMIT));
+
+    let (build, outcome) =
+        match executables::build(ctx, &["--features", "solutions"], time_left(), &mut log, true) {
+            Ok(built) => built,
+            Err(error) => {
+                return report.check("solutions", Outcome::Fail, &format!("could not start cargo: {error}"))
+            }
+        };
+    if build.timed_out {
+        return report.check("solutions", Outcome::Fail, &format!("the build {hung}"));
+    }
+    if !build.success() || outcome.success != Some(true) {
+        println!();
+        print_errors(&outcome, 60);
+        let detail =
+            "cargo test --no-run --features solutions failed: a build error (see above), no test ran";
+        return report.check("solutions", Outcome::Fail, detail);
+    }
+
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+    for executable in outcome.executables_in_run_order() {
+        println!("     Running {} ({})", executable.cargo_selector(), ctx.display(&executable.path));
+        let (finished, tally) = match executables::run(ctx, &executable, time_left(), &mut log) {
+            Ok(ran) => ran,
+            Err(error) => {
+                report.check(
+                    "solutions",
+                    Outcome::Fail,
+                    &format!("could not start {}: {error}", executable.target_name),
+                );
+                continue;
+            }
+        };
+        println!("        {} passed, {} failed, {} ignored", tally.passed, tally.failed, tally.ignored);
+        print_failures(&executable, &tally, 40, " --features solutions");
+        (passed, failed, ignored) = (passed + tally.passed, failed + tally.failed, ignored + tally.ignored);
+        if finished.timed_out {
+            let detail =
+                format!("{hung} ({}; the executables after it did not run)", describe_end(&finished, &tally));
+            report.check("solutions", Outcome::Fail, &detail);
+            break;
+        }
+        if !finished.success() && (tally.failed == 0 || !tally.finished) {
+            // No failed test explains the exit status: the harness crashed.
+            process::print_last_lines(&tally.other_lines.join("\n"), 20);
+            let detail = format!("{} crashed: {}", executable.target_name, describe_end(&finished, &tally));
+            report.check("solutions", Outcome::Fail, &detail);
+        }
+    }
+
+    if time_left() != Some(Duration::ZERO) {
+        let (doc_passed, doc_failed, doc_ignored) = doc_tests(ctx, report, time_left(), &mut log);
+        (passed, failed, ignored) = (passed + doc_passed, failed + doc_failed, ignored + doc_ignored);
+    }
+    report.add_counts(passed, failed, ignored, "solutions");
+    println!();
+    let detail = format!("{passed} passed, {failed} failed, {ignored} ignored (counted per test)");
+    report.tally_line("solutions", &detail);
+}
+
+/// `cargo test --doc --features solutions`, counted from its `test result:`
+/// lines (doc tests run inside rustdoc's own harness, with no JSON output).
+fn doc_tests(
+    ctx: &Context,
+    report: &mut Report,
+    limit: Option<Duration>,
+    log: &mut File,
+) -> (usize, usize, usize) {
+    println!("   Doc-tests (cargo test --doc --features solutions)");
+    let mut command = ctx.cargo();
+    command.args(["test", "--doc", "--features", "solutions"]);
+    let doc_log = ctx.log("solutions-doc.log");
+    let _ = writeln!(log, "\n(doc tests: see {})", ctx.display(&doc_log));
+    let captured = match process::run_logged(command, limit, &doc_log, true) {
+        Ok(captured) => captured,
+        Err(error) => {
+            report.check("solutions", Outcome::Fail, &format!("could not start cargo test --doc: {error}"));
+            return (0, 0, 0);
+        }
+    };
+    let totals = sum_test_result_lines(&captured.output);
+    if captured.finished.timed_out {
+        let detail = format!("the doc tests stopped after {}: one hangs", describe_limit(SOLUTIONS_LIMIT));
+        report.check("solutions", Outcome::Fail, &detail);
+    } else if !captured.finished.success() && totals.1 == 0 {
+        let detail =
+            "cargo test --doc --features solutions failed outside any test (build error or crash, see above)";
+        report.check("solutions", Outcome::Fail, detail);
+    }
+    totals
+}
+
+/// The chapters that have tests: `chapter_01` for tests/chapter_01.rs.
+pub fn chapter_targets(ctx: &Context) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(ctx.root.join("tests")) else { return Vec::new() };
+    let mut chapters: Vec<String> = entries
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter_map(|name| name.strip_suffix(".rs").map(str::to_string))
+        .filter(|stem| {
+            stem.strip_prefix("chapter_")
+                .is_some_and(|nn| nn.len() == 2 && nn.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    chapters.sort();
+    chapters
+}
+
+pub fn teeth(ctx: &Context, report: &mut Report) {
+    report.section("teeth: every chapter's tests fail on the untouched exercises");
+    let chapters = chapter_targets(ctx);
+    if chapters.is_empty() {
+        return println!("(no tests/chapter_NN.rs yet)");
+    }
+    // One build for every chapter, without the feature; each run reuses it.
+    let build_log = ctx.log("teeth-build.log");
+    let args: Vec<&str> = chapters.iter().flat_map(|chapter| ["--test", chapter.as_str()]).collect();
+    let built =
+        File::create(&build_log).and_then(|mut log| executables::build(ctx, &args, None, &mut log, false));
+    let outcome = match built {
+        Ok((finished, outcome)) => {
+            if !finished.success() {
+                println!("the chapters did not all build (target/test-logs/teeth-build.log):");
+                print_errors(&outcome, 30);
+            }
+            outcome
+        }
+        Err(error) => {
+            println!("could not start cargo: {error}");
+            Default::default()
+        }
+    };
+
+    for chapter in &chapters {
+        let nn = &chapter["chapter_".len()..];
+        let name = format!("teeth {chapter}");
+        // A learner who has filled in an exercise has made its tests pass, as
+        // intended: only untouched stubs are checked. CI's clean clone always is.
+        if !ctx.ci && exercise_differs_from_head(ctx, nn) {
+            let detail = format!("you have edited src/ch{nn}_*/exercise.rs (CI checks the committed stubs)");
+            report.check(&name, Outcome::Skip, &detail);
+            continue;
+        }
+        let Some(executable) = outcome.executables.iter().find(|e| &e.target_name == chapter) else {
+            report.check(&name, Outcome::Fail, "its tests did not build without the feature (errors above)");
+            continue;
+        };
+        let log_path = ctx.log(&format!("teeth-{chapter}.log"));
+        let ran = File::create(&log_path)
+            .and_then(|mut log| executables::run(ctx, executable, ctx.limit(CHAPTER_LIMIT), &mut log));
+        let (finished, tally) = match ran {
+            Ok(ran) => ran,
+            Err(error) => {
+                report.check(
+                    &name,
+                    Outcome::Fail,
+                    &format!("could not run {}: {error}", executable.path.display()),
+                );
+                continue;
+            }
+        };
+        let marker = format!("exercise ch{nn}:");
+        if finished.timed_out {
+            let detail = format!("hangs on the stubs (stopped after {})", describe_limit(CHAPTER_LIMIT));
+            report.check(&name, Outcome::Fail, &detail);
+        } else if finished.status.success() {
+            let detail = format!(
+                "passes on the stubs: its tests never reach the exercise (cargo test --test {chapter})"
+            );
+            report.check(&name, Outcome::Fail, &detail);
+        } else if !tally.output_contains(&marker) {
+            print_failures(executable, &tally, 30, "");
+            process::print_last_lines(&tally.other_lines.join("\n"), 30);
+            let detail = format!("fails, but never says '{marker}' ({})", describe_end(&finished, &tally));
+            report.check(&name, Outcome::Fail, &detail);
+        } else {
+            let total = tally.passed + tally.failed;
+            let detail = format!("{} of {total} tests fail on the stubs, naming '{marker}'", tally.failed);
+            report.check(&name, Outcome::Ok, &detail);
+        }
+    }
+}
+
+/// Whether the chapter's exercise.rs differs from the last commit. When git
+/// cannot tell (no repository), the chapter is treated as edited, as before.
+fn exercise_differs_from_head(ctx: &Context, nn: &str) -> bool {
+    let status = Command::new("git")
+        .args(["diff", "--quiet", "HEAD", "--"])
+        .arg(format!("src/ch{nn}_*/exercise.rs")) // a pathspec: git expands the *
+        .current_dir(&ctx.root)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    !matches!(status, Ok(status) if status.success())
+}
