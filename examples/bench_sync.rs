@@ -3,8 +3,9 @@
 //! (one all-reduce per bucket, PyTorch's default caps), on a model of many
 //! small tensors and on one of a few large tensors, for 1, 2 and 4 ranks of
 //! the in-process backend. Prints a Markdown table. Both syncs are the
-//! reference solutions (`ch03_averaging::solution`, `ch05_bucketing::solution`),
-//! so the benchmark runs before you have done the exercises.
+//! library's (`ddp::naive::sync_gradients` and `ddp::GradientBuckets`), the
+//! references of chapters 3 and 5, so the benchmark runs before you have
+//! done the exercises.
 //!
 //! Run: cargo run --release --example bench_sync
 //!      cargo run --release --example bench_sync -- --steps 10 --world-sizes 2,4
@@ -20,9 +21,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ddp_workbook::ch03_averaging::solution::sync_gradients as naive_sync;
-use ddp_workbook::ch05_bucketing::solution::{plan_buckets, sync_bucket};
-use ddp_workbook::ch05_bucketing::{ParamMeta, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES};
+use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets};
 use ddp_workbook::dist::spawn;
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::nn::Module;
@@ -92,12 +91,9 @@ fn measure(model: &Model, world_size: usize, args: &Args) -> anyhow::Result<Vec<
         let x = Tensor::randn([8, model.sizes[0]], (Kind::Float, tch::Device::Cpu)); // [8, in]
         mlp.forward(&x).square().mean(Kind::Float).backward(); // every parameter has a gradient now
 
-        // What chapter 5's wrapper sets up at construction: the layout, and
-        // one buffer per bucket, allocated once.
-        let metas = ParamMeta::of(&params);
-        let buckets = plan_buckets(&metas, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES);
-        let mut buffers: Vec<Tensor> =
-            buckets.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
+        // What the wrapper sets up at construction: the layout, and one
+        // buffer per bucket, allocated once.
+        let buckets = GradientBuckets::plan(pg.as_ref(), &params, BucketCaps::default())?;
 
         let numel = params.iter().map(|(_, t)| t.numel() as i64).sum();
         let mut record = RankRecord {
@@ -113,12 +109,8 @@ fn measure(model: &Model, world_size: usize, args: &Args) -> anyhow::Result<Vec<
                 let before = pg.stats();
                 let start = Instant::now();
                 match method {
-                    Method::Naive => naive_sync(pg.as_ref(), &params)?,
-                    Method::Bucketed => {
-                        for (bucket, buffer) in buckets.iter().zip(&mut buffers) {
-                            sync_bucket(pg.as_ref(), bucket, buffer, &params)?;
-                        }
-                    }
+                    Method::Naive => naive::sync_gradients(pg.as_ref(), &params)?,
+                    Method::Bucketed => buckets.sync(pg.as_ref(), &params)?,
                 }
                 let elapsed = start.elapsed();
                 let after = pg.stats();

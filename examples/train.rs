@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use ddp_workbook::ch04_accumulation::micro_batch_size;
+use ddp_workbook::ddp::micro_batch_size;
 use ddp_workbook::train::{self, default_threads_per_rank, Event, RankOutcome, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 

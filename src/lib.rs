@@ -2,9 +2,12 @@
 //! chapter at a time, on libtorch through the `tch` crate.
 //!
 //! - [`dist`]: the process-group layer (ranks, collectives, `spawn`);
+//! - [`ddp`]: the finished DDP library, which the training run ([`train`])
+//!   and the examples use;
 //! - [`models`] and [`data`]: a small MLP, a tiny GPT and synthetic data;
-//! - `ch01` ... : one module per chapter, each with the learner's
-//!   `exercise.rs` and the reference `solution.rs`.
+//! - `ch01_collectives` ... : one module per chapter, a lesson over the
+//!   library: the learner's `exercise.rs`, the reference `solution.rs`, and
+//!   the glue the lesson needs. `docs/architecture.md` maps it all.
 //!
 //! `tch` is re-exported so that examples and notebooks use exactly the
 //! version this crate was built with.
@@ -12,7 +15,9 @@
 pub use tch;
 
 pub mod data;
+pub mod ddp;
 pub mod dist;
+pub mod fingerprint;
 pub mod models;
 pub mod seed;
 

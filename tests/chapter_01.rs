@@ -8,9 +8,7 @@
 
 use std::time::Duration;
 
-use ddp_workbook::ch01_collectives::{
-    chunk_lengths, ring_all_reduce, ring_reduce_scatter, split_into_chunks,
-};
+use ddp_workbook::ch01_collectives::{chunk_lengths, learner, ring_all_reduce, split_into_chunks};
 use ddp_workbook::dist::{spawn_with, CommStats, DistError, ProcessGroup, ReduceOp, SpawnOptions};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::with_seed;
@@ -191,7 +189,7 @@ fn reduce_scatter_phase_sums_chunk_rank_on_each_rank() {
         let phase_one = spawn_with(options(world_size), |group| {
             let pg: &dyn ProcessGroup = group.as_ref();
             let mut chunks = split_into_chunks(&integer_valued_f32(pg.rank(), &shape), world_size)?;
-            ring_reduce_scatter(pg, &mut chunks)?;
+            learner::ring_reduce_scatter(pg, &mut chunks)?;
             values(&chunks[pg.rank()])
         });
         let phase_one = phase_one.unwrap_or_else(|error| panic!("{case}: {error}"));
@@ -298,7 +296,7 @@ fn fake_all_reduce(_pg: &dyn ProcessGroup, _tensor: &mut Tensor) -> Result<(), D
 fn reduce_scatter_only(pg: &dyn ProcessGroup, tensor: &mut Tensor) -> Result<(), DistError> {
     let torch = |source| DistError::Torch { rank: pg.rank(), op: "test".into(), source };
     let mut chunks = split_into_chunks(&tensor.reshape([-1]), pg.world_size()).map_err(torch)?;
-    ring_reduce_scatter(pg, &mut chunks)?;
+    learner::ring_reduce_scatter(pg, &mut chunks)?;
     tensor.copy_(&Tensor::cat(&chunks, 0).view(tensor.size().as_slice()));
     Ok(())
 }

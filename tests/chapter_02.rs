@@ -1,39 +1,39 @@
 //! Chapter 02 tests: identical replicas. Every rank must hold bitwise the
-//! same model, and `SimpleDistributedDataParallelism::new` must refuse, on
-//! every rank at once, to wrap replicas that differ.
+//! same model, and `replicate` (the library's `Replicated` core with your
+//! `verify_replicas`) must refuse, on every rank at once, to wrap replicas
+//! that differ.
 //!
 //! Your code:           `cargo test --test chapter_02`
 //! The reference code:  `cargo test --features solutions --test chapter_02`
 //! See the messages:    add `-- --nocapture`
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use ddp_workbook::ch02_replicas::{verify_replicas, InitError, SimpleDistributedDataParallelism};
+use ddp_workbook::ch02_replicas::{learner, replicate, InitError};
 use ddp_workbook::check::{compare_replicas, max_abs_diff, max_replica_diff, snapshot};
-use ddp_workbook::dist::{spawn_with, Group, SpawnOptions};
+use ddp_workbook::dist::Group;
 use ddp_workbook::models::{named_buffers, named_parameters, Mlp};
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::{self, Kind, Tensor};
 
 const SIZES: &[i64] = &[4, 16, 16, 1];
 const SEED: i64 = 7;
-/// Any collective that waits this long fails, so a deadlock cannot hang the test...
-const TIMEOUT: Duration = Duration::from_secs(20);
-/// ...and a run that fails must have failed by itself, well before the timeout.
+/// A run that fails must have failed by itself, well before the timeout
+/// (`common::TIMEOUT`) after which any collective gives up.
 const PROMPTLY: Duration = Duration::from_secs(10);
 
-/// Runs `f` on `world_size` ranks; a rank that panics (an unfinished
-/// exercise) or returns an error fails the test with that rank's message.
+/// `common::run`, timed.
 fn run<T: Send>(world_size: usize, f: impl Fn(Group) -> anyhow::Result<T> + Sync) -> (Vec<T>, Duration) {
     let start = Instant::now();
-    let results =
-        spawn_with(SpawnOptions::new(world_size).timeout(TIMEOUT), f).unwrap_or_else(|e| panic!("{e}"));
+    let results = common::run(world_size, f);
     (results, start.elapsed())
 }
 
-/// Wraps the model and returns `new`'s error, if any, as a value.
+/// Wraps the model and returns `replicate`'s error, if any, as a value.
 fn wrap(vs: &tch::nn::VarStore, mlp: Mlp, pg: Group) -> Option<InitError> {
-    SimpleDistributedDataParallelism::new(mlp, vs, pg).err()
+    replicate(mlp, vs, pg).err()
 }
 
 fn all_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
@@ -48,8 +48,8 @@ fn same_seed_on_every_rank_passes_and_the_replicas_match() {
         let (vs, mlp) = Mlp::seeded(SEED, SIZES, Kind::Double);
         let expected_output = mlp.forward(&Tensor::ones([2, 4], (Kind::Double, tch::Device::Cpu)));
         let rank = pg.rank();
-        let ddp = SimpleDistributedDataParallelism::new(mlp, &vs, pg).map_err(|e| {
-            anyhow::anyhow!("rank {rank}: new() rejected replicas built from the same seed: {e}")
+        let ddp = replicate(mlp, &vs, pg).map_err(|e| {
+            anyhow::anyhow!("rank {rank}: replicate() rejected replicas built from the same seed: {e}")
         })?;
         let output = ddp.forward(&Tensor::ones([2, 4], (Kind::Double, tch::Device::Cpu))); // [2, 1]
         anyhow::ensure!(
@@ -78,7 +78,7 @@ fn a_different_seed_on_one_rank_fails_on_every_rank_promptly() {
     });
     assert!(
         elapsed < PROMPTLY,
-        "new() took {elapsed:?}: did a rank wait for a peer that had already returned?"
+        "replicate() took {elapsed:?}: did a rank wait for a peer that had already returned?"
     );
     // The first parameter in registration order already differs (tch's
     // `linear` creates the bias before the weight): the error must name it.
@@ -89,7 +89,7 @@ fn a_different_seed_on_one_rank_fails_on_every_rank_promptly() {
     for (rank, (before, after, error)) in outcomes.iter().enumerate() {
         let Some(error) = error else {
             panic!(
-                "rank {rank}: new() accepted replicas built from different seeds (rank 1 used {}). \
+                "rank {rank}: replicate() accepted replicas built from different seeds (rank 1 used {}). \
                  Every rank must return the error, or some ranks go on training alone: \
                  all_gather every rank's difference and decide from all of them",
                 SEED + 1
@@ -135,7 +135,7 @@ fn a_buffer_that_differs_on_one_rank_is_caught_and_named() {
     });
     assert!(
         elapsed < PROMPTLY,
-        "new() took {elapsed:?}: did a rank wait for a peer that had already returned?"
+        "replicate() took {elapsed:?}: did a rank wait for a peer that had already returned?"
     );
     for (rank, error) in errors.iter().enumerate() {
         match error {
@@ -163,7 +163,7 @@ fn a_model_changed_on_one_rank_is_a_clear_error_on_every_rank_not_a_hang() {
             // First the same model everywhere: this must pass.
             let (vs, mlp) = Mlp::seeded(SEED, SIZES, Kind::Double);
             if let Some(error) = wrap(&vs, mlp, pg.clone()) {
-                anyhow::bail!("rank {}: new() rejected identical replicas: {error}", pg.rank());
+                anyhow::bail!("rank {}: replicate() rejected identical replicas: {error}", pg.rank());
             }
             // Then a model built differently on rank 1.
             let (sizes, kind) =
@@ -173,10 +173,10 @@ fn a_model_changed_on_one_rank_is_a_clear_error_on_every_rank_not_a_hang() {
         });
         assert!(
             elapsed < PROMPTLY,
-            "{change}: new() took {elapsed:?}, so some rank waited for a peer that never came"
+            "{change}: replicate() took {elapsed:?}, so some rank waited for a peer that never came"
         );
         for (rank, error) in errors.iter().enumerate() {
-            let Some(message) = error else { panic!("{change} on rank 1: rank {rank}'s new() passed") };
+            let Some(message) = error else { panic!("{change} on rank 1: rank {rank}'s replicate() passed") };
             println!("{change} on rank 1, rank {rank}'s error:\n{message}");
             let own = if rank == 1 { rank1_needle } else { needle };
             for needle in [needle, own, "structure", "same way on every rank"] {
@@ -194,14 +194,14 @@ fn a_model_changed_after_wrapping_goes_unnoticed_until_checked_again() {
     let (outcomes, _) = run(2, |pg| {
         let (vs, mlp) = Mlp::seeded(SEED, SIZES, Kind::Double);
         let rank = pg.rank();
-        let ddp = SimpleDistributedDataParallelism::new(mlp, &vs, pg.clone())
-            .map_err(|e| anyhow::anyhow!("rank {rank}: new() rejected identical replicas: {e}"))?;
+        let ddp = replicate(mlp, &vs, pg.clone())
+            .map_err(|e| anyhow::anyhow!("rank {rank}: replicate() rejected identical replicas: {e}"))?;
         if rank == 1 {
             let (_, bias) = ddp.parameters().iter().find(|(name, _)| name == "layers.1.bias").unwrap();
             let mut bias = bias.shallow_clone(); // shares storage with the model's bias
             let _ = tch::no_grad(|| bias.f_add_scalar_(1e-3))?; // nothing stops this, nothing notices it
         }
-        let recheck = verify_replicas(pg.as_ref(), ddp.parameters()).err();
+        let recheck = learner::verify_replicas(pg.as_ref(), ddp.parameters()).err();
         Ok((snapshot(ddp.parameters()), recheck))
     });
     let (per_rank, rechecks): (Vec<_>, Vec<_>) = outcomes.into_iter().unzip();
@@ -231,7 +231,7 @@ fn a_single_rank_passes_trivially() {
 
 #[test]
 fn negative_control_without_the_check_different_seeds_really_differ() {
-    // Nobody calls new() here: this shows what the check protects against.
+    // Nobody calls replicate() here: this shows what the check protects against.
     let (per_rank, _) = run(2, |pg| {
         let (vs, _mlp) = Mlp::seeded(SEED + pg.rank() as i64, SIZES, Kind::Double);
         Ok(all_tensors(&vs))

@@ -18,18 +18,18 @@
 //! (With unequal shards, the mean of the means would weigh the rows of a
 //! small shard more: this is why every rank gets B/N rows.)
 
-use std::time::Duration;
+mod common;
 
-use ddp_workbook::ch03_averaging::SimpleDistributedDataParallelism;
-use ddp_workbook::check::{
-    compare_replicas, compare_to_reference, max_reference_diff, max_replica_diff, snapshot,
+use common::{
+    assert_matches_one_process, global_batches, mse, run, train_single_process, Hints, Named, Optim,
 };
+use common::{mlp_with_an_unused_parameter, TOLERANCE};
+use ddp_workbook::ch03_averaging::{train_step, NaiveDdp};
+use ddp_workbook::check::{max_reference_diff, max_replica_diff, snapshot};
 use ddp_workbook::data::Regression;
-use ddp_workbook::dist::{spawn_with, SpawnOptions};
-use ddp_workbook::models::{named_parameters, Mlp};
-use ddp_workbook::tch::nn::{self, Module, OptimizerConfig, VarStore};
-use ddp_workbook::tch::{Device, Kind, Reduction, Tensor};
-use ddp_workbook::with_seed;
+use ddp_workbook::models::Mlp;
+use ddp_workbook::tch::nn::VarStore;
+use ddp_workbook::tch::Kind;
 
 const SIZES: &[i64] = &[4, 16, 1];
 const MODEL_SEED: i64 = 3;
@@ -37,41 +37,15 @@ const DATA_SEED: i64 = 4;
 /// Rows of one global batch: divisible by every world size we test (1, 2, 3).
 const GLOBAL_BATCH: i64 = 12;
 const STEPS: usize = 5;
-/// Largest absolute difference allowed between DDP and one process, in f64.
-/// The maths is exact; only the order of additions differs (about 1e-16
-/// relative). The measured differences are printed with `--nocapture`.
-const TOLERANCE: f64 = 1e-10;
-
-#[derive(Clone, Copy, Debug)]
-enum Optim {
-    Sgd,
-    Adam,
-}
-
-impl Optim {
-    fn build(self, vs: &VarStore) -> anyhow::Result<nn::Optimizer> {
-        Ok(match self {
-            Optim::Sgd => nn::Sgd::default().build(vs, 0.1)?,
-            Optim::Adam => nn::Adam::default().build(vs, 0.01)?,
-        })
-    }
-}
 
 /// The model of most tests.
 fn mlp() -> (VarStore, Mlp) {
     Mlp::seeded(MODEL_SEED, SIZES, Kind::Double)
 }
 
-/// The same model plus one trainable parameter that no loss ever uses, so it
-/// never gets a gradient.
-fn mlp_with_an_unused_parameter() -> (VarStore, Mlp) {
-    with_seed(MODEL_SEED, || {
-        let mut vs = VarStore::new(Device::Cpu);
-        let mlp = Mlp::new(&vs.root(), SIZES);
-        let _unused = vs.root().randn("unused", &[3], 0.0, 1.0);
-        vs.set_kind(Kind::Double);
-        (vs, mlp)
-    })
+/// The same model plus one trainable parameter that no loss ever uses.
+fn mlp_with_unused() -> (VarStore, Mlp) {
+    mlp_with_an_unused_parameter(MODEL_SEED, SIZES)
 }
 
 fn data() -> Regression {
@@ -81,62 +55,41 @@ fn data() -> Regression {
 /// One rank's record of a run.
 struct RankRun {
     /// Every parameter after each `optimizer.step()`.
-    after_each_step: Vec<Vec<(String, Tensor)>>,
+    after_each_step: Vec<Named>,
     /// How many all-reduces each step made, and how many parameters had a
     /// gradient to send.
     all_reduces: Vec<u64>,
     with_gradient: Vec<u64>,
 }
 
-/// Trains on `world_size` ranks for STEPS steps; `sync: false` leaves out
-/// `sync_gradients` (the negative control).
+/// Trains on `world_size` ranks for STEPS steps, each rank on its own B/N
+/// rows of every global batch; `sync: false` leaves out `sync_gradients`
+/// (the negative control).
 fn train_ddp(world_size: i64, optim: Optim, sync: bool, build: fn() -> (VarStore, Mlp)) -> Vec<RankRun> {
-    let options = SpawnOptions::new(world_size as usize).timeout(Duration::from_secs(20));
-    let runs = spawn_with(options, |pg| {
+    run(world_size as usize, |pg| {
         let (rank, data) = (pg.rank() as i64, data());
         let (vs, model) = build();
         let mut optimizer = optim.build(&vs)?;
-        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
+        let ddp = NaiveDdp::new(model, &vs, pg)?;
         let mut run = RankRun { after_each_step: vec![], all_reduces: vec![], with_gradient: vec![] };
         for step in 0..STEPS as i64 {
-            let calls_before = ddp.process_group().stats().all_reduce;
-            // ANCHOR: ddp_step
+            let calls_before = ddp.stats().all_reduce;
             let rows = GLOBAL_BATCH / world_size; // every rank gets as many rows
-            let start = step * GLOBAL_BATCH + rank * rows; // its own slice of this global batch
-            let (x, y) = data.batch(start, rows); // [rows, 4], [rows, 1]
-            optimizer.zero_grad();
-            let loss = ddp.forward(&x).mse_loss(&y, Reduction::Mean); // mean over this rank's rows
-            loss.backward();
+            let (x, y) = data.batch(step * GLOBAL_BATCH + rank * rows, rows); // its own slice
             if sync {
-                ddp.sync_gradients()?; // now every rank holds the global-batch mean gradient
+                train_step(&ddp, &mut optimizer, &x, &y, mse)?;
+            } else {
+                optimizer.zero_grad();
+                ddp.backward_local(&mse(&ddp.forward(&x), &y))?;
+                optimizer.step(); // each rank with its own gradient
             }
-            optimizer.step();
-            // ANCHOR_END: ddp_step
-            run.all_reduces.push(ddp.process_group().stats().all_reduce - calls_before);
+            run.all_reduces.push(ddp.stats().all_reduce - calls_before);
             run.with_gradient
                 .push(ddp.parameters().iter().filter(|(_, p)| p.grad().defined()).count() as u64);
             run.after_each_step.push(snapshot(ddp.parameters()));
         }
         Ok(run)
-    });
-    runs.unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// One process, one model, the whole global batch of every step.
-fn train_single_process(optim: Optim, build: fn() -> (VarStore, Mlp)) -> Vec<Vec<(String, Tensor)>> {
-    let data = data();
-    let (vs, model) = build();
-    let mut optimizer = optim.build(&vs).expect("the optimizer builds");
-    let mut after_each_step = vec![];
-    for step in 0..STEPS as i64 {
-        let (x, y) = data.batch(step * GLOBAL_BATCH, GLOBAL_BATCH); // [B, 4], [B, 1]
-        optimizer.zero_grad();
-        let loss = model.forward(&x).mse_loss(&y, Reduction::Mean); // mean over all B rows
-        loss.backward();
-        optimizer.step();
-        after_each_step.push(snapshot(&named_parameters(&vs)));
-    }
-    after_each_step
+    })
 }
 
 /// After every step: all ranks hold bitwise the same parameters, and they
@@ -144,23 +97,17 @@ fn train_single_process(optim: Optim, build: fn() -> (VarStore, Mlp)) -> Vec<Vec
 /// the single-process run.
 fn check_against_one_process(world_size: i64, optim: Optim, build: fn() -> (VarStore, Mlp)) -> f64 {
     let runs = train_ddp(world_size, optim, true, build);
-    let reference = train_single_process(optim, build);
-    let mut largest: f64 = 0.0;
-    for (step, expected) in reference.iter().enumerate() {
-        let per_rank: Vec<_> = runs.iter().map(|run| snapshot(&run.after_each_step[step])).collect();
-        compare_replicas(&per_rank, 0.0).unwrap_or_else(|report| {
-            let hint = "every rank must call sync_gradients after backward and before optimizer.step, \
-                        and all-reduce every gradient (not the weights) with the same operation";
-            panic!("{optim:?} on {world_size} ranks, after step {}: {}", step + 1, report.hint(hint))
-        });
-        compare_to_reference(&per_rank[0], expected, TOLERANCE).unwrap_or_else(|report| {
-            let hint = "the summed gradient must be divided by the world size exactly once \
-                        (did you divide by the world size? divide twice? all-reduce the weights?)";
-            panic!("{optim:?} on {world_size} ranks, rank 0 after step {}: {}", step + 1, report.hint(hint))
-        });
-        largest = largest.max(max_reference_diff(&per_rank[0], expected));
-    }
-    println!("{optim:?} on {world_size} rank(s): largest difference from one process over {STEPS} steps: {largest:e}");
+    let reference = train_single_process(build, optim, &global_batches(&data(), GLOBAL_BATCH, STEPS));
+    let per_rank: Vec<Vec<Named>> = runs.into_iter().map(|run| run.after_each_step).collect();
+    let hints = Hints {
+        replicas: "every rank must call sync_gradients after backward and before optimizer.step, \
+                   and all-reduce every gradient (not the weights) with the same operation",
+        reference: "the summed gradient must be divided by the world size exactly once \
+                    (did you divide by the world size? divide twice? all-reduce the weights?)",
+    };
+    let case = format!("{optim:?} on {world_size} ranks");
+    let largest = assert_matches_one_process(&case, &per_rank, &reference, TOLERANCE, &hints);
+    println!("{case}: largest difference from one process over {STEPS} steps: {largest:e}");
     largest
 }
 
@@ -190,10 +137,10 @@ fn adam_on_2_and_3_ranks_equals_one_process_on_the_global_batch() {
 fn negative_control_without_sync_the_replicas_drift_apart() {
     for (world_size, optim) in [(2, Optim::Sgd), (3, Optim::Sgd), (2, Optim::Adam), (3, Optim::Adam)] {
         let runs = train_ddp(world_size, optim, false, mlp);
-        let reference = train_single_process(optim, mlp);
+        let reference = train_single_process(mlp, optim, &global_batches(&data(), GLOBAL_BATCH, STEPS));
         let last: Vec<_> = runs.iter().map(|run| snapshot(&run.after_each_step[STEPS - 1])).collect();
         let drift = max_replica_diff(&last);
-        let off = max_reference_diff(&last[0], &reference[STEPS - 1]);
+        let off = max_reference_diff(&last[0], &reference[STEPS - 1].params);
         println!("{optim:?} on {world_size} ranks WITHOUT sync: replicas {drift:e} apart, rank 0 {off:e} from one process");
         // Far beyond the tolerance: so the checks above cannot pass by accident.
         assert!(
@@ -213,7 +160,7 @@ fn negative_control_without_sync_the_replicas_drift_apart() {
 
 #[test]
 fn parameters_without_a_gradient_are_skipped() {
-    let runs = train_ddp(2, Optim::Sgd, true, mlp_with_an_unused_parameter);
+    let runs = train_ddp(2, Optim::Sgd, true, mlp_with_unused);
     for (rank, run) in runs.iter().enumerate() {
         // 2 layers of weight and bias have gradients; `unused` has none.
         assert_eq!(run.with_gradient, vec![4; STEPS], "rank {rank}: the test model changed");
@@ -223,5 +170,5 @@ fn parameters_without_a_gradient_are_skipped() {
         );
     }
     // And the run is still right, for this model too.
-    check_against_one_process(2, Optim::Sgd, mlp_with_an_unused_parameter);
+    check_against_one_process(2, Optim::Sgd, mlp_with_unused);
 }

@@ -27,6 +27,7 @@
 
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
+mod common;
 #[path = "chapter_04/edge_cases.rs"]
 mod edge_cases;
 #[path = "chapter_04/training.rs"]
@@ -89,8 +90,7 @@ fn one_all_reduce_per_parameter_per_step_k_times_fewer_than_syncing_every_micro_
 #[test]
 fn negative_control_forgetting_to_divide_by_k_makes_the_gradient_k_times_too_big() {
     let (n, k) = (2, 3);
-    let (runs, reference) =
-        (train_ddp(n, k, Optim::Sgd, Loop::ForgetToDivide), train_single_process(Optim::Sgd));
+    let (runs, reference) = (train_ddp(n, k, Optim::Sgd, Loop::ForgetToDivide), one_process(Optim::Sgd));
     // Step 1 starts from the same weights, so the k summed, undivided
     // micro-batch gradients are exactly k times the right gradient.
     let k_times_right: Vec<_> =
@@ -127,7 +127,7 @@ fn negative_control_forgetting_to_divide_by_k_makes_the_gradient_k_times_too_big
     // Adam hides most of it: its step divides the gradient by the gradient's
     // own running size, so the factor k cancels except against Adam's eps.
     let adam = train_ddp(n, k, Optim::Adam, Loop::ForgetToDivide);
-    let adam_off = max_reference_diff(&adam[0][0].params, &train_single_process(Optim::Adam)[0].params);
+    let adam_off = max_reference_diff(&adam[0][0].params, &one_process(Optim::Adam)[0].params);
     println!(
         "without / k under Adam: the weights are only {adam_off:.3e} off after one step (SGD: {sgd_off:.3e})"
     );
@@ -145,7 +145,7 @@ fn negative_control_forgetting_to_divide_by_k_makes_the_gradient_k_times_too_big
 fn negative_control_without_any_sync_the_replicas_diverge() {
     for &(n, k) in &[(2, 3), (3, 2)] {
         let runs = train_ddp(n, k, Optim::Sgd, Loop::NeverSync);
-        let reference = train_single_process(Optim::Sgd);
+        let reference = one_process(Optim::Sgd);
         let last: Vec<_> = runs.iter().map(|steps| snapshot(&steps[STEPS - 1].params)).collect();
         let drift = max_replica_diff(&last);
         let off = max_reference_diff(&last[0], &reference[STEPS - 1].params);

@@ -14,16 +14,16 @@
 
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
+mod common;
 #[path = "chapter_05/training.rs"]
 mod training;
 
-use ddp_workbook::ch05_bucketing::{plan_buckets, ParamMeta, SimpleDistributedDataParallelism, MIB};
-use ddp_workbook::check::{
-    compare_replicas, compare_to_reference, max_reference_diff, max_replica_diff, snapshot,
-};
+use common::{assert_matches_one_process, mse, Hints};
+use ddp_workbook::ch05_bucketing::{learner, BucketCaps, BucketedDdp, ParamMeta, MIB};
+use ddp_workbook::check::{max_reference_diff, max_replica_diff, snapshot};
 use ddp_workbook::dist::spawn;
 use ddp_workbook::models::named_parameters;
-use ddp_workbook::tch::{Device, Kind, Reduction};
+use ddp_workbook::tch::{Device, Kind};
 use training::*;
 
 /// Names per bucket, for hand-written expectations.
@@ -46,7 +46,7 @@ fn layout_for_tiny_caps_is_the_one_the_chapter_explains() {
     ]);
     let (vs, _) = mlp();
     let metas = ParamMeta::of(&named_parameters(&vs));
-    let buckets = plan_buckets(&metas, TINY_CAPS.0, TINY_CAPS.1);
+    let buckets = learner::plan_buckets(&metas, TINY_CAPS.cap_bytes, TINY_CAPS.first_cap_bytes);
     let planned: Vec<Vec<String>> =
         buckets.iter().map(|b| b.params.iter().map(|&p| metas[p].name.clone()).collect()).collect();
     assert_eq!(
@@ -59,11 +59,10 @@ fn layout_for_tiny_caps_is_the_one_the_chapter_explains() {
 
     // The wrapper plans the same layout, on every rank; with PyTorch's
     // defaults this whole model (2.8 KiB) fits in the first bucket.
-    for (caps, expected) in [(TINY_CAPS, expected), (DEFAULT_CAPS, names(&[&REVERSED_MLP]))] {
+    for (caps, expected) in [(TINY_CAPS, expected), (BucketCaps::default(), names(&[&REVERSED_MLP]))] {
         let layouts = spawn(3, |pg| {
             let (vs, model) = mlp();
-            Ok(SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, caps.0, caps.1)?
-                .bucket_names())
+            Ok(BucketedDdp::with_bucket_caps(model, &vs, pg, caps)?.bucket_names())
         })
         .unwrap_or_else(|e| panic!("{e}"));
         for (rank, layout) in layouts.iter().enumerate() {
@@ -77,7 +76,7 @@ fn plan_buckets_follows_the_three_rules_on_hand_made_sizes() {
     let meta = |numel| ParamMeta { name: format!("p{numel}"), numel, kind: Kind::Float, device: Device::Cpu };
     let plan = |numels: &[usize], cap, first_cap| -> Vec<Vec<usize>> {
         let metas: Vec<ParamMeta> = numels.iter().map(|&n| meta(n)).collect();
-        plan_buckets(&metas, cap, first_cap).into_iter().map(|b| b.params).collect()
+        learner::plan_buckets(&metas, cap, first_cap).into_iter().map(|b| b.params).collect()
     };
     // Ten f32 tensors of 40 B; first cap 100 B, then 200 B.
     assert_eq!(
@@ -106,7 +105,8 @@ fn plan_buckets_follows_the_three_rules_on_hand_made_sizes() {
     let kinds = [Kind::Float, Kind::Double, Kind::Float, Kind::Double];
     let metas: Vec<ParamMeta> =
         [10, 5, 1000, 5].iter().zip(kinds).map(|(&n, kind)| ParamMeta { kind, ..meta(n) }).collect();
-    let planned: Vec<Vec<usize>> = plan_buckets(&metas, 100, 100).into_iter().map(|b| b.params).collect();
+    let planned: Vec<Vec<usize>> =
+        learner::plan_buckets(&metas, 100, 100).into_iter().map(|b| b.params).collect();
     assert_eq!(
         planned,
         vec![vec![3, 1], vec![2], vec![0]],
@@ -118,7 +118,7 @@ fn plan_buckets_follows_the_three_rules_on_hand_made_sizes() {
 fn mixed_dtypes_get_separate_buckets_and_still_match_naive_bitwise() {
     let (vs, _) = mixed();
     let metas = ParamMeta::of(&named_parameters(&vs));
-    let buckets = plan_buckets(&metas, 25 * MIB, MIB);
+    let buckets = learner::plan_buckets(&metas, 25 * MIB, MIB);
     let planned: Vec<(Kind, Vec<String>)> =
         buckets.iter().map(|b| (b.kind, b.params.iter().map(|&p| metas[p].name.clone()).collect())).collect();
     let expected = vec![
@@ -130,8 +130,8 @@ fn mixed_dtypes_get_separate_buckets_and_still_match_naive_bitwise() {
         "one flat buffer holds one dtype: keep an open bucket per (kind, device), and order the buckets by \
          their first member, highest index first"
     );
-    let bucketed = train(2, Optim::Adam, Sync::Bucketed, DEFAULT_CAPS, mixed);
-    let naive = train(2, Optim::Adam, Sync::Naive, DEFAULT_CAPS, mixed);
+    let bucketed = train(2, Optim::Adam, Sync::Bucketed, BucketCaps::default(), mixed);
+    let naive = train(2, Optim::Adam, Sync::Naive, BucketCaps::default(), mixed);
     assert_same_training(&bucketed, &naive, "mixed f32/f64 model, 2 ranks");
     assert!(
         bucketed.iter().all(|r| r.all_reduces == vec![2; STEPS]),
@@ -143,7 +143,7 @@ fn mixed_dtypes_get_separate_buckets_and_still_match_naive_bitwise() {
 fn bucketed_sync_equals_naive_sync_bitwise() {
     for world_size in [2, 3, 4] {
         for optim in [Optim::Sgd, Optim::Adam] {
-            for caps in [TINY_CAPS, DEFAULT_CAPS] {
+            for caps in [TINY_CAPS, BucketCaps::default()] {
                 let bucketed = train(world_size, optim, Sync::Bucketed, caps, mlp);
                 let naive = train(world_size, optim, Sync::Naive, caps, mlp);
                 let case = format!("{optim:?} on {world_size} ranks, caps {caps:?}");
@@ -156,7 +156,7 @@ fn bucketed_sync_equals_naive_sync_bitwise() {
 
 #[test]
 fn one_all_reduce_per_bucket_and_the_same_bytes_as_naive() {
-    for (caps, buckets) in [(TINY_CAPS, 4), (DEFAULT_CAPS, 1)] {
+    for (caps, buckets) in [(TINY_CAPS, 4), (BucketCaps::default(), 1)] {
         let bucketed = train(3, Optim::Sgd, Sync::Bucketed, caps, mlp);
         let naive = train(3, Optim::Sgd, Sync::Naive, caps, mlp);
         for (rank, (b, n)) in bucketed.iter().zip(&naive).enumerate() {
@@ -181,26 +181,11 @@ fn one_all_reduce_per_bucket_and_the_same_bytes_as_naive() {
 fn replicas_match_and_ddp_equals_one_process_on_the_global_batch() {
     for (world_size, optim) in [(1, Optim::Sgd), (2, Optim::Sgd), (3, Optim::Adam), (4, Optim::Adam)] {
         let runs = train(world_size, optim, Sync::Bucketed, TINY_CAPS, mlp);
-        let reference = train_single_process(optim, mlp);
-        let mut largest: f64 = 0.0;
-        for (step, one_process) in reference.iter().enumerate() {
-            let per_rank: Vec<_> = runs.iter().map(|r| snapshot(&r.after_each_step[step])).collect();
-            compare_replicas(&per_rank, 0.0).unwrap_or_else(|report| {
-                panic!(
-                    "{optim:?}, {world_size} ranks, after step {}: {}",
-                    step + 1,
-                    report.hint(HINT_REPLICAS)
-                )
-            });
-            compare_to_reference(&per_rank[0], one_process, TOLERANCE).unwrap_or_else(|report| {
-                panic!(
-                    "{optim:?}, {world_size} ranks, rank 0 after step {}: {}",
-                    step + 1,
-                    report.hint(HINT_MEAN)
-                )
-            });
-            largest = largest.max(max_reference_diff(&per_rank[0], one_process));
-        }
+        let reference = one_process(optim, mlp);
+        let per_rank: Vec<_> = runs.into_iter().map(|run| run.after_each_step).collect();
+        let hints = Hints { replicas: HINT_REPLICAS, reference: HINT_MEAN };
+        let case = format!("{optim:?}, {world_size} ranks");
+        let largest = assert_matches_one_process(&case, &per_rank, &reference, TOLERANCE, &hints);
         println!("{optim:?} on {world_size} rank(s): largest difference from one process: {largest:e}");
         if world_size == 1 {
             assert_eq!(largest, 0.0, "on one rank the bucketed sync must leave every gradient as it is");
@@ -210,8 +195,8 @@ fn replicas_match_and_ddp_equals_one_process_on_the_global_batch() {
 
 #[test]
 fn a_parameter_without_gradient_sends_zeros_and_keeps_no_gradient() {
-    let bucketed = train(2, Optim::Adam, Sync::Bucketed, DEFAULT_CAPS, mlp_with_an_unused_parameter);
-    let naive = train(2, Optim::Adam, Sync::Naive, DEFAULT_CAPS, mlp_with_an_unused_parameter);
+    let bucketed = train(2, Optim::Adam, Sync::Bucketed, BucketCaps::default(), mlp_with_unused);
+    let naive = train(2, Optim::Adam, Sync::Naive, BucketCaps::default(), mlp_with_unused);
     for (rank, run) in bucketed.iter().enumerate() {
         assert_eq!(run.buckets.len(), 1, "rank {rank}: the whole model fits in the first bucket");
         assert!(run.buckets[0].contains(&"unused".to_string()), "the layout comes from sizes, not gradients");
@@ -229,17 +214,17 @@ fn a_parameter_without_gradient_sends_zeros_and_keeps_no_gradient() {
 #[test]
 fn a_parameter_used_on_one_rank_only_is_an_error_not_a_silent_drift() {
     let result = spawn(2, |pg| {
-        let (vs, model) = mlp_with_an_unused_parameter();
-        let mut ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
-        let rank = ddp.process_group().rank() as i64;
+        let (vs, model) = mlp_with_unused();
+        let ddp = BucketedDdp::new(model, &vs, pg)?;
+        let rank = ddp.rank() as i64;
         let unused =
             ddp.parameters().iter().find(|(n, _)| n == "unused").expect("the model has it").1.shallow_clone();
         let (x, y) = data().batch(rank * 6, 6); // [6, 4], [6, 1]
-        let mut loss = ddp.forward(&x).mse_loss(&y, Reduction::Mean);
+        let mut loss = mse(&ddp.forward(&x), &y);
         if rank == 0 {
             loss += unused.sum(Kind::Double); // only rank 0 uses `unused`
         }
-        loss.backward();
+        ddp.backward_local(&loss)?;
         ddp.sync_gradients()?;
         Ok(())
     });
@@ -270,10 +255,14 @@ fn negative_controls_without_sync_or_without_copy_back_the_replicas_drift() {
 
 #[test]
 fn bad_caps_give_a_clear_error() {
-    for (caps, what) in [((0, MIB), "the bucket cap"), ((25 * MIB, 0), "the first bucket's cap")] {
+    let bad_caps = [
+        (BucketCaps { cap_bytes: 0, first_cap_bytes: MIB }, "the bucket cap"),
+        (BucketCaps { cap_bytes: 25 * MIB, first_cap_bytes: 0 }, "the first bucket's cap"),
+    ];
+    for (caps, what) in bad_caps {
         let result = spawn(2, |pg| {
             let (vs, model) = mlp();
-            SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, caps.0, caps.1)?;
+            BucketedDdp::with_bucket_caps(model, &vs, pg, caps)?;
             Ok(())
         });
         let error = result.expect_err("a cap of 0 bytes must be refused").to_string();
@@ -285,9 +274,9 @@ fn bad_caps_give_a_clear_error() {
     }
     // Different caps on different ranks: their buckets would not pair up.
     let result = spawn(2, |pg| {
-        let cap = if pg.rank() == 0 { TINY_CAPS.0 } else { 2 * TINY_CAPS.0 };
+        let cap_bytes = if pg.rank() == 0 { TINY_CAPS.cap_bytes } else { 2 * TINY_CAPS.cap_bytes };
         let (vs, model) = mlp();
-        SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, cap, TINY_CAPS.1)?;
+        BucketedDdp::with_bucket_caps(model, &vs, pg, BucketCaps { cap_bytes, ..TINY_CAPS })?;
         Ok(())
     });
     let error = result.expect_err("ranks with different caps must be refused").to_string();

@@ -17,24 +17,10 @@
 
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
+mod common;
 #[path = "chapter_06/controls.rs"]
 mod controls;
 #[path = "chapter_06/sampler.rs"]
 mod sampler;
 #[path = "chapter_06/training.rs"]
 mod training;
-
-use std::time::Duration;
-
-use ddp_workbook::dist::SpawnOptions;
-
-/// Any collective that waits this long fails, so no test can hang.
-pub const TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Put before a failed `spawn`'s error: it names the rank and what it said.
-pub const RANK_FAILURE: &str = "a rank failed (if it says `not yet implemented: exercise ch06`, \
-                                write that function in src/ch06_sharding/exercise.rs): ";
-
-pub fn spawn_options(world_size: usize) -> SpawnOptions {
-    SpawnOptions::new(world_size).timeout(TIMEOUT)
-}

@@ -14,10 +14,8 @@
 //! 2. [`ring_all_gather`]: after N - 1 more steps, every rank holds every
 //!    summed chunk.
 //!
-//! [`ring_all_reduce`] runs both on a tensor of any shape. It uses the phases
-//! selected by the `solutions` feature; later chapters that want the ring
-//! regardless of that feature call `solution::ring_reduce_scatter` and
-//! `solution::ring_all_gather` themselves.
+//! [`ring_all_reduce`] runs both on a tensor of any shape, through
+//! [`learner`]: your phases, or with `--features solutions` the reference.
 
 use tch::{TchError, Tensor};
 
@@ -26,12 +24,11 @@ use crate::dist::{DistError, ProcessGroup};
 pub mod exercise; // the file you edit
 pub mod solution; // the reference solution
 
+/// `learner::f` is your `exercise.rs`, or `solution.rs` with `--features solutions`.
 #[cfg(not(feature = "solutions"))]
-use exercise as active;
+pub use exercise as learner;
 #[cfg(feature = "solutions")]
-use solution as active;
-
-pub use active::{ring_all_gather, ring_reduce_scatter};
+pub use solution as learner;
 
 // ANCHOR: chunks
 /// How many elements each of the `world_size` chunks of a buffer of `len`
@@ -76,8 +73,8 @@ pub fn ring_all_reduce(pg: &dyn ProcessGroup, tensor: &mut Tensor) -> Result<(),
         let mut chunks = split_into_chunks(&flat, world_size).map_err(torch)?; // N x [about numel/N]
         let lengths: Vec<i64> = chunks.iter().map(|c| c.numel() as i64).collect();
 
-        active::ring_reduce_scatter(pg, &mut chunks)?;
-        active::ring_all_gather(pg, &mut chunks)?;
+        learner::ring_reduce_scatter(pg, &mut chunks)?;
+        learner::ring_all_gather(pg, &mut chunks)?;
 
         check_chunks_kept_their_shape(rank, &chunks, &lengths, tensor)?;
         let summed = Tensor::f_cat(&chunks, 0).map_err(torch)?; // [numel]

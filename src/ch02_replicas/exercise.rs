@@ -3,9 +3,10 @@
 //!
 //! Check your work: `cargo test --test chapter_02`
 //!
-//! `SimpleDistributedDataParallelism::new` in `mod.rs` calls your function
-//! twice, on the model's parameters and on its buffers, after it has checked
-//! that every rank has the same names, shapes and dtypes in the same order.
+//! `replicate` in `mod.rs` wraps a model with your function: it runs it twice,
+//! on the model's parameters and on its buffers, after the library has
+//! checked that every rank has the same names, shapes and dtypes in the same
+//! order.
 
 use tch::Tensor;
 

@@ -3,7 +3,7 @@
 //!
 //! Check your work: `cargo test --test chapter_03`
 //!
-//! `SimpleDistributedDataParallelism::sync_gradients` in `mod.rs` calls your
+//! `NaiveDdp::sync_gradients` in `mod.rs` calls your
 //! function with the model's parameters, on every rank, after
 //! `loss.backward()` and before `optimizer.step()`.
 
@@ -23,7 +23,8 @@ pub fn sync_gradients(pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Res
     //   3. sum it over all ranks: `pg.all_reduce(&mut grad, ReduceOp::Sum)?`
     //      (`use crate::dist::ReduceOp;`);
     //   4. divide it by `pg.world_size()` in place, under `tch::no_grad(|| ...)`:
-    //      `grad.f_div_scalar_(n)` (map its TchError into `DistError::Torch`).
+    //      `let _ = grad.f_div_scalar_(n).map_err(torch_error(pg, "dividing"))?;`
+    //      (`use crate::dist::torch_error;` turns libtorch's error into a DistError).
     todo!("exercise ch03: sync_gradients in src/ch03_averaging/exercise.rs")
 }
 // ANCHOR_END: stub

@@ -1,5 +1,5 @@
 //! Chapter 03: averaging gradients. After `backward()`, each rank holds the
-//! gradient of its own slice of the batch. You write [`sync_gradients`], which
+//! gradient of its own slice of the batch. You write `sync_gradients`, which
 //! replaces it on every rank by the average over all ranks, so that every
 //! replica takes the same `optimizer.step()` and one process on the whole
 //! global batch would have taken that very step too.
@@ -7,77 +7,77 @@
 //! Your code:           `cargo test --test chapter_03`
 //! The reference code:  `cargo test --features solutions --test chapter_03`
 //!
-//! This file holds chapter 2's wrapper, already solved (its `new` runs the
-//! reference `verify_replicas`, not yours from chapter 2, so you can start
-//! here), plus one new method, [`SimpleDistributedDataParallelism::sync_gradients`].
+//! This file holds the chapter's stage of the wrapper, [`NaiveDdp`]: the
+//! library's [`Replicated`] core (its construction runs the library's replica
+//! check, so you can start here) plus one method, which runs your code; and
+//! [`train_step`], one DDP step as this chapter teaches it.
+
+use std::ops::Deref;
 
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use crate::ch02_replicas::verified_tensors;
 use crate::dist::{DistError, Group};
 
-pub use crate::ch02_replicas::InitError;
+pub use crate::ddp::{InitError, Replicated};
 
 pub mod exercise; // the file you edit
 pub mod solution; // the reference solution
 
+/// `learner::f` is your `exercise.rs`, or `solution.rs` with `--features solutions`.
 #[cfg(not(feature = "solutions"))]
-use exercise as active;
+pub use exercise as learner;
 #[cfg(feature = "solutions")]
-use solution as active;
+pub use solution as learner;
 
-pub use active::sync_gradients;
-
-/// A model replicated on every rank of a process group, now able to average
-/// its gradients across ranks.
-pub struct SimpleDistributedDataParallelism<M: Module> {
-    module: M,
-    /// Trainable tensors, in registration order (shallow handles: they share
-    /// storage, and `.grad()`, with the model).
-    parameters: Vec<(String, Tensor)>,
-    /// Non-trainable tensors (buffers), sorted by name.
-    buffers: Vec<(String, Tensor)>,
-    process_group: Group,
+/// A model replicated on every rank, now able to average its gradients
+/// across ranks: one all-reduce per parameter. (picotron calls this stage
+/// `DataParallelNaive`.) The core's accessors come through `Deref`.
+pub struct NaiveDdp<M: Module> {
+    replicated: Replicated<M>,
 }
 
-impl<M: Module> SimpleDistributedDataParallelism<M> {
-    /// Wraps `module`, whose variables live in `vs`, after checking that every
-    /// rank holds bitwise the same parameters and buffers (chapter 2).
+impl<M: Module> NaiveDdp<M> {
+    /// Wraps `module` after checking that every rank holds bitwise the same
+    /// parameters and buffers (chapter 2, the library's check).
     pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, InitError> {
-        let (parameters, buffers) = verified_tensors(vs, pg.as_ref())?;
-        Ok(SimpleDistributedDataParallelism { module, parameters, buffers, process_group: pg })
-    }
-
-    /// Runs the wrapped model: the forward pass needs no communication.
-    pub fn forward(&self, xs: &Tensor) -> Tensor {
-        self.module.forward(xs)
+        Ok(NaiveDdp { replicated: Replicated::new(module, vs, pg)? })
     }
 
     // ANCHOR: sync_method
-    /// Averages every parameter's gradient over all ranks. Call it on every
-    /// rank after `loss.backward()` and before `optimizer.step()`.
+    /// Averages every parameter's gradient over all ranks with YOUR
+    /// `learner::sync_gradients`. Call it on every rank after
+    /// `loss.backward()` and before `optimizer.step()`.
     pub fn sync_gradients(&self) -> Result<(), DistError> {
-        sync_gradients(self.process_group.as_ref(), &self.parameters)
+        learner::sync_gradients(self.process_group().as_ref(), self.parameters())
     }
     // ANCHOR_END: sync_method
+}
 
-    /// The wrapped model (for example to save it on rank 0).
-    pub fn module(&self) -> &M {
-        &self.module
-    }
+impl<M: Module> Deref for NaiveDdp<M> {
+    type Target = Replicated<M>;
 
-    pub fn process_group(&self) -> &Group {
-        &self.process_group
-    }
-
-    /// The trainable tensors, in registration order.
-    pub fn parameters(&self) -> &[(String, Tensor)] {
-        &self.parameters
-    }
-
-    /// The non-trainable tensors, sorted by name.
-    pub fn buffers(&self) -> &[(String, Tensor)] {
-        &self.buffers
+    fn deref(&self) -> &Replicated<M> {
+        &self.replicated
     }
 }
+
+// ANCHOR: train_step
+/// One DDP training step on this rank's rows `x` and targets `y`: the
+/// single-process step with one line added. `loss_fn(prediction, target)`
+/// must return the MEAN loss over the rows. Returns this rank's loss.
+pub fn train_step<M: Module>(
+    ddp: &NaiveDdp<M>,
+    optimizer: &mut nn::Optimizer,
+    x: &Tensor,
+    y: &Tensor,
+    loss_fn: impl Fn(&Tensor, &Tensor) -> Tensor,
+) -> Result<f64, DistError> {
+    optimizer.zero_grad();
+    let loss = loss_fn(&ddp.forward(x), y); // [] the mean over this rank's rows
+    ddp.backward_local(&loss)?; // this rank's gradient, in every .grad
+    ddp.sync_gradients()?; // the line DDP adds: now every rank holds the global batch's mean gradient
+    optimizer.step();
+    Ok(loss.double_value(&[]))
+}
+// ANCHOR_END: train_step

@@ -1,41 +1,8 @@
 //! Chapter 03 reference solution: average every gradient over all ranks.
 //!
 //! Run the chapter's tests on it: `cargo test --features solutions --test chapter_03`
+//!
+//! The reference lives in the library, where the benchmark uses it as the
+//! baseline for buckets: `src/ddp/naive.rs` (the book shows it in chapter 3).
 
-use tch::Tensor;
-
-use crate::dist::{DistError, ProcessGroup, ReduceOp};
-
-// ANCHOR: sync_gradients
-/// Replaces each parameter's gradient, on every rank, by the mean of that
-/// gradient over all ranks. Parameters without a gradient are skipped.
-pub fn sync_gradients(pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Result<(), DistError> {
-    let world_size = pg.world_size() as f64;
-    for (name, param) in params {
-        // A handle on the gradient itself (same storage), not a copy: the
-        // all-reduce below writes the result straight into it.
-        let mut grad = param.grad();
-        // No gradient: the parameter took no part in this loss. The model and
-        // the loss are the same on every rank, so every rank skips the same
-        // parameters and the calls stay paired. (A parameter used on some
-        // ranks only would break that pairing: chapter 6 deals with it.)
-        if !grad.defined() {
-            continue;
-        }
-        // SUM, then divide: the sum over ranks is the gradient of the sum of
-        // the per-rank losses; dividing by N turns it into the gradient of
-        // their mean. ReduceOp::Avg would do both in one call and give the
-        // same numbers; we keep the two steps visible, and SUM is the
-        // reduction every backend offers (torch.distributed has AVG only on
-        // NCCL).
-        pg.all_reduce(&mut grad, ReduceOp::Sum)?;
-        // In place; the returned handle on `grad` is not needed.
-        let _ = tch::no_grad(|| grad.f_div_scalar_(world_size)).map_err(|source| DistError::Torch {
-            rank: pg.rank(),
-            op: format!("dividing the gradient of `{name}` by the world size"),
-            source,
-        })?;
-    }
-    Ok(())
-}
-// ANCHOR_END: sync_gradients
+pub use crate::ddp::naive::sync_gradients;

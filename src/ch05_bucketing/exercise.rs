@@ -3,14 +3,14 @@
 //!
 //! Check your work: `cargo test --test chapter_05`
 //!
-//! `SimpleDistributedDataParallelism::with_bucket_caps` in `mod.rs` calls
-//! `plan_buckets` once, at construction, and checks what it returns;
-//! `sync_gradients` calls `sync_bucket` once per bucket, in bucket order, with
-//! a buffer of `bucket.numel` elements of the bucket's dtype, allocated once.
+//! `BucketedDdp::with_bucket_caps` in `mod.rs` calls `plan_buckets` once, at
+//! construction, and the library checks what it returns; `sync_gradients`
+//! calls `sync_bucket` once per bucket, in bucket order, with a buffer of
+//! `bucket.numel` elements of the bucket's dtype, allocated once.
 
 use tch::Tensor;
 
-use super::layout::{Bucket, ParamMeta};
+use super::{Bucket, ParamMeta};
 use crate::dist::{DistError, ProcessGroup};
 
 // ANCHOR: stub
@@ -69,7 +69,7 @@ pub fn sync_bucket(
     //      `grad.f_copy_(&slot.f_view_as(&grad)...)`. Leave undefined
     //      gradients undefined.
     // The `f_...` calls return `Result<_, TchError>`; turn their errors into a
-    // DistError with `.map_err(super::torch_error(pg, "what you were doing"))?`.
+    // DistError with `.map_err(crate::dist::torch_error(pg, "what you were doing"))?`.
     todo!("exercise ch05: sync_bucket in src/ch05_bucketing/exercise.rs")
 }
 // ANCHOR_END: stub

@@ -3,8 +3,8 @@
 //!
 //! Check your work: `cargo test --test chapter_06`
 //!
-//! `DistributedSampler::len` in `sampler.rs` calls your `samples_per_rank`;
-//! `DistributedSampler::indices` builds the epoch's order (the seeded shuffle,
+//! `shard_len` in `mod.rs` calls your `samples_per_rank`; `shard` asks the
+//! library's `DistributedSampler` for the epoch's order (the seeded shuffle,
 //! already written) and calls your `shard_indices` with it.
 
 // ANCHOR: stub

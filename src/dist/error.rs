@@ -35,3 +35,13 @@ pub enum DistError {
         source: tch::TchError,
     },
 }
+
+/// Turns a libtorch error met while doing `op` into a [`DistError`] that
+/// names this rank: `tensor.f_div_scalar_(2.0).map_err(torch_error(pg, "halving"))?`.
+pub fn torch_error(
+    pg: &dyn super::ProcessGroup,
+    op: impl Into<String>,
+) -> impl FnOnce(tch::TchError) -> DistError {
+    let (rank, op) = (pg.rank(), op.into());
+    move |source| DistError::Torch { rank, op, source }
+}

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tch::Tensor;
 
-pub use error::DistError;
+pub use error::{torch_error, DistError};
 pub use local::LocalProcessGroup;
 pub use spawn::{parse_timeout_secs, spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
 

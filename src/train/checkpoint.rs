@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use tch::nn::VarStore;
 use tch::{Kind, TchError, Tensor};
 
+use crate::fingerprint::Fnv1a;
+
 /// Where the training loop stands after `step` optimizer steps: the next
 /// micro-batch is at `position` in this rank's shard of epoch `epoch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,23 +149,18 @@ fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
 fn checksum(tensors: &[(String, Tensor)]) -> i64 {
     let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &byte in bytes {
-            hash = (hash ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
+    let mut hash = Fnv1a::new();
     for (name, tensor) in sorted {
-        eat(name.as_bytes());
-        eat(format!("{:?}{:?}", tensor.kind(), tensor.size()).as_bytes());
+        hash.write(name.as_bytes());
+        hash.write(format!("{:?}{:?}", tensor.kind(), tensor.size()).as_bytes());
         let numel = tensor.numel();
         let mut bytes = vec![0u8; numel * tensor.kind().elt_size_in_bytes()];
         if tensor.f_copy_data_u8(&mut bytes, numel).is_err() {
-            eat(b"unreadable");
+            hash.write(b"unreadable");
         }
-        eat(&bytes);
+        hash.write(&bytes);
     }
-    hash as i64
+    hash.finish()
 }
 
 // ANCHOR: load

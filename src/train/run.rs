@@ -12,10 +12,9 @@ use tch::{Kind, Tensor};
 use super::checkpoint::{self, Checkpoint, CheckpointError, Progress};
 use super::optim::AdamW;
 use super::{Evaluation, Event, RankOutcome, TrainConfig};
-use crate::ch05_bucketing::{DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB};
-use crate::ch06_sharding::{rows, DistributedSampler, SimpleDistributedDataParallelism};
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
+use crate::ddp::{rows, BucketCaps, DistributedSampler, SimpleDistributedDataParallelism, MIB};
 use crate::dist::Group;
 use crate::models::{named_buffers, named_parameters, Gpt, GptConfig};
 
@@ -46,7 +45,7 @@ struct ShardCursor {
 impl ShardCursor {
     fn new(mut sampler: DistributedSampler, epoch: u64, position: usize) -> ShardCursor {
         sampler.set_epoch(epoch);
-        let shard = sampler.reference_indices();
+        let shard = sampler.indices();
         ShardCursor { sampler, shard, position }
     }
 
@@ -55,7 +54,7 @@ impl ShardCursor {
     fn next_micro_batch(&mut self, len: usize) -> &[i64] {
         if self.position + len > self.shard.len() {
             self.sampler.set_epoch(self.sampler.epoch() + 1); // a new shuffle, the same on every rank
-            self.shard = self.sampler.reference_indices();
+            self.shard = self.sampler.indices();
             self.position = 0;
         }
         self.position += len;
@@ -97,9 +96,10 @@ pub fn train_rank(
         saved.restore_model(path, &named_buffers(&vs))?;
     }
     // Checks that every rank holds the same weights, then plans the buckets.
-    let cap = ((config.bucket_cap_mb * MIB as f64) as usize).max(1);
-    let first_cap = cap.min(DEFAULT_FIRST_BUCKET_CAP_BYTES);
-    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(gpt, &vs, pg.clone(), cap, first_cap)?;
+    let cap_bytes = ((config.bucket_cap_mb * MIB as f64) as usize).max(1);
+    let caps =
+        BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) };
+    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(gpt, &vs, pg.clone(), caps)?;
     let mut optimizer = AdamW::new(ddp.parameters(), config.lr, config.weight_decay);
     let mut progress = Progress { step: 0, epoch: 0, position: 0 };
     if let Some((path, saved)) = &saved {

@@ -9,8 +9,7 @@
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use ddp_workbook::ch04_accumulation::{
-    accumulate_and_step, micro_batch_size, split_micro_batches, AccumulationError,
-    SimpleDistributedDataParallelism,
+    learner, micro_batch_size, split_micro_batches, AccumulatingDdp, AccumulationError,
 };
 use ddp_workbook::check::{max_reference_diff, snapshot};
 use ddp_workbook::models::Mlp;
@@ -19,7 +18,7 @@ use ddp_workbook::tch::{Kind, Tensor};
 use super::training::*;
 
 /// Opens a no_sync scope, then leaves it early through `?`.
-fn leave_early(ddp: &SimpleDistributedDataParallelism<Mlp>) -> Result<(), String> {
+fn leave_early(ddp: &AccumulatingDdp<Mlp>) -> Result<(), String> {
     let _guard = ddp.no_sync();
     Err("an error in the middle of the scope".to_string())?;
     unreachable!("`?` returns before this line")
@@ -29,7 +28,7 @@ fn leave_early(ddp: &SimpleDistributedDataParallelism<Mlp>) -> Result<(), String
 fn no_sync_restores_the_previous_state_on_every_way_out() {
     run(2, |pg| {
         let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
-        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
+        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
         let on = || ddp.require_backward_grad_sync();
         anyhow::ensure!(on(), "the switch must start on");
         {
@@ -115,7 +114,7 @@ fn bad_input_gets_a_clear_error_not_a_panic() {
     run(2, |pg| {
         let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
         let mut opt = Optim::Sgd.build(&vs)?;
-        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
+        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
         let (before, calls) = (snapshot(ddp.parameters()), ddp.process_group().stats().all_reduce);
         let (x, y) = rows_of_zeros(); // Tensors are not Sync: each rank makes its own
         let unequal = vec![(x.narrow(0, 0, 4), y.narrow(0, 0, 4)), (x.narrow(0, 4, 2), y.narrow(0, 4, 2))];
@@ -125,7 +124,7 @@ fn bad_input_gets_a_clear_error_not_a_panic() {
             ("micro-batches of 4 and 2 rows", unequal),
             ("6 inputs, 5 targets", mismatched),
         ] {
-            let result = accumulate_and_step(&ddp, &mut opt, &micro_batches, mse);
+            let result = learner::accumulate_and_step(&ddp, &mut opt, &micro_batches, mse);
             let Err(error) = result else {
                 anyhow::bail!("accumulate_and_step accepted {what}: call check_micro_batches first")
             };

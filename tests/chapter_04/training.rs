@@ -6,17 +6,16 @@
 //!
 //! Compiled into `cargo test --test chapter_04` (see `tests/chapter_04.rs`).
 
-use std::time::Duration;
-
-use ddp_workbook::ch04_accumulation::{
-    accumulate_and_step, micro_batch_size, split_micro_batches, SimpleDistributedDataParallelism,
-};
+use ddp_workbook::ch04_accumulation::{learner, micro_batch_size, split_micro_batches, AccumulatingDdp};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, max_reference_diff, snapshot};
 use ddp_workbook::data::Regression;
-use ddp_workbook::dist::{spawn_with, Group, SpawnOptions};
-use ddp_workbook::models::{named_parameters, Mlp};
-use ddp_workbook::tch::nn::{self, Module, OptimizerConfig, VarStore};
-use ddp_workbook::tch::{Kind, Reduction, Tensor};
+use ddp_workbook::models::Mlp;
+use ddp_workbook::tch::nn;
+use ddp_workbook::tch::{Kind, Tensor};
+
+use crate::common::{global_batches, gradients, train_single_process};
+
+pub use crate::common::{mse, run, Optim, Step, TOLERANCE};
 
 pub const SIZES: &[i64] = &[4, 16, 1];
 pub const MODEL_SEED: i64 = 3;
@@ -27,27 +26,8 @@ pub const GLOBAL_BATCH: i64 = 12;
 pub const STEPS: usize = 4;
 /// The MLP's 2 weights and 2 biases: each has a gradient after every step.
 pub const PARAMS_WITH_GRAD: u64 = 4;
-/// Largest absolute difference allowed between DDP and one process, in f64.
-/// The maths is exact; only the order of additions differs (about 1e-16
-/// relative). The measured differences are printed with `--nocapture`.
-pub const TOLERANCE: f64 = 1e-10;
 /// (world size N, accumulation steps k) pairs to test.
 pub const SETUPS: &[(usize, i64)] = &[(1, 4), (2, 3), (3, 2)];
-
-#[derive(Clone, Copy, Debug)]
-pub enum Optim {
-    Sgd,
-    Adam,
-}
-
-impl Optim {
-    pub fn build(self, vs: &VarStore) -> anyhow::Result<nn::Optimizer> {
-        Ok(match self {
-            Optim::Sgd => nn::Sgd::default().build(vs, 0.1)?,
-            Optim::Adam => nn::Adam::default().build(vs, 0.01)?,
-        })
-    }
-}
 
 /// How each rank runs one optimizer step of k micro-steps.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,13 +42,17 @@ pub enum Loop {
     NeverSync,
 }
 
-pub fn mse(prediction: &Tensor, target: &Tensor) -> Tensor {
-    prediction.mse_loss(target, Reduction::Mean) // [] mean over the micro-batch
+fn data() -> Regression {
+    Regression::new(DATA_SEED, GLOBAL_BATCH * STEPS as i64, 4, 1, Kind::Double)
+}
+
+fn mlp() -> (nn::VarStore, Mlp) {
+    Mlp::seeded(MODEL_SEED, SIZES, Kind::Double)
 }
 
 /// The loops other than the chapter's, written out for comparison.
 fn other_step(
-    ddp: &SimpleDistributedDataParallelism<Mlp>,
+    ddp: &AccumulatingDdp<Mlp>,
     opt: &mut nn::Optimizer,
     micro: &[(Tensor, Tensor)],
     how: Loop,
@@ -95,49 +79,29 @@ fn other_step(
     Ok(rank_loss)
 }
 
-/// After one optimizer step: parameters, their gradients, the loss, and the
-/// all-reduces this step made.
-pub struct Step {
-    pub params: Vec<(String, Tensor)>,
-    pub grads: Vec<(String, Tensor)>,
-    pub loss: f64,
-    pub all_reduces: u64,
-}
-
-fn grads_of(params: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
-    snapshot(&params.iter().map(|(name, p)| (name.clone(), p.grad())).collect::<Vec<_>>())
-}
-
-pub fn run<T: Send>(world_size: usize, f: impl Fn(Group) -> anyhow::Result<T> + Sync) -> Vec<T> {
-    let options = SpawnOptions::new(world_size).timeout(Duration::from_secs(20));
-    spawn_with(options, f).unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// Trains STEPS steps on `n` ranks with k micro-steps each; `per_rank[r][s]`.
 pub fn train_ddp(n: usize, k: i64, optim: Optim, how: Loop) -> Vec<Vec<Step>> {
     run(n, |pg| {
-        let data = Regression::new(DATA_SEED, GLOBAL_BATCH * STEPS as i64, 4, 1, Kind::Double);
-        let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+        let data = data();
+        let (vs, model) = mlp();
         let mut opt = optim.build(&vs)?;
         let rank = pg.rank() as i64;
-        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
+        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
         let mut steps = vec![];
         for step in 0..STEPS as i64 {
-            // ANCHOR: accumulation_step
             let micro = micro_batch_size(GLOBAL_BATCH, n, k)?; // rows per micro-batch
             let rows = micro * k; // this rank's rows of the global batch
             let (x, y) = data.batch(step * GLOBAL_BATCH + rank * rows, rows); // [rows, 4], [rows, 1]
             let micro_batches = split_micro_batches(&x, &y, k)?; // k x ([micro, 4], [micro, 1])
-            let before = ddp.process_group().stats().all_reduce;
+            let before = ddp.stats().all_reduce;
             let loss = match how {
-                Loop::Chapter => accumulate_and_step(&ddp, &mut opt, &micro_batches, mse)?,
+                Loop::Chapter => learner::accumulate_and_step(&ddp, &mut opt, &micro_batches, mse)?,
                 _ => other_step(&ddp, &mut opt, &micro_batches, how)?,
             };
-            let all_reduces = ddp.process_group().stats().all_reduce - before;
-            // ANCHOR_END: accumulation_step
+            let all_reduces = ddp.stats().all_reduce - before;
             steps.push(Step {
                 params: snapshot(ddp.parameters()),
-                grads: grads_of(ddp.parameters()),
+                grads: gradients(ddp.parameters()),
                 loss,
                 all_reduces,
             });
@@ -147,33 +111,15 @@ pub fn train_ddp(n: usize, k: i64, optim: Optim, how: Loop) -> Vec<Vec<Step>> {
 }
 
 /// One process, one model, all GLOBAL_BATCH rows per step.
-pub fn train_single_process(optim: Optim) -> Vec<Step> {
-    let data = Regression::new(DATA_SEED, GLOBAL_BATCH * STEPS as i64, 4, 1, Kind::Double);
-    let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
-    let mut opt = optim.build(&vs).expect("the optimizer builds");
-    (0..STEPS as i64)
-        .map(|step| {
-            let (x, y) = data.batch(step * GLOBAL_BATCH, GLOBAL_BATCH); // [B, 4], [B, 1]
-            opt.zero_grad();
-            let loss = mse(&model.forward(&x), &y); // mean over all B rows
-            loss.backward();
-            opt.step();
-            let params = named_parameters(&vs);
-            Step {
-                params: snapshot(&params),
-                grads: grads_of(&params),
-                loss: loss.double_value(&[]),
-                all_reduces: 0,
-            }
-        })
-        .collect()
+pub fn one_process(optim: Optim) -> Vec<Step> {
+    train_single_process(mlp, optim, &global_batches(&data(), GLOBAL_BATCH, STEPS))
 }
 
 /// Claims 1 and 2, after every step: bitwise replicas, and rank 0 equal to
 /// one process (weights, gradients and loss). Returns the largest difference.
 pub fn check_against_one_process(n: usize, k: i64, optim: Optim, how: Loop) -> f64 {
     let runs = train_ddp(n, k, optim, how);
-    let reference = train_single_process(optim);
+    let reference = one_process(optim);
     let mut largest: f64 = 0.0;
     for s in 0..STEPS {
         let at = format!("{optim:?}, {n} rank(s) x {k} micro-step(s), after optimizer step {}", s + 1);

@@ -4,20 +4,20 @@
 //!
 //! Compiled into `cargo test --test chapter_05` (see `tests/chapter_05.rs`).
 
-use std::time::Duration;
-
-use ddp_workbook::ch03_averaging::solution::sync_gradients as naive_sync;
-use ddp_workbook::ch05_bucketing::{
-    SimpleDistributedDataParallelism, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES,
-};
+use ddp_workbook::ch05_bucketing::{BucketCaps, BucketedDdp};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
-use ddp_workbook::dist::{spawn_with, DistError, ReduceOp, SpawnOptions};
-use ddp_workbook::models::{named_parameters, Mlp};
+use ddp_workbook::ddp::naive;
+use ddp_workbook::dist::{DistError, ReduceOp};
+use ddp_workbook::models::Mlp;
 use ddp_workbook::tch;
-use ddp_workbook::tch::nn::{self, Module, OptimizerConfig, VarStore};
-use ddp_workbook::tch::{Device, Kind, Reduction, Tensor};
+use ddp_workbook::tch::nn::{Module, VarStore};
+use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::with_seed;
+
+use crate::common::{global_batches, mlp_with_an_unused_parameter, mse, run, train_single_process, Named};
+
+pub use crate::common::{Optim, Step, TOLERANCE};
 
 pub const SIZES: &[i64] = &[4, 16, 16, 1];
 /// The parameters of the MLP from its last registered to its first: the
@@ -31,17 +31,13 @@ pub const REVERSED_MLP: [&str; 6] = [
     "layers.0.weight",
     "layers.0.bias",
 ];
-/// (cap, first cap) in bytes: small enough to cut the 2.8 KiB MLP into four buckets.
-pub const TINY_CAPS: (usize, usize) = (1024, 128);
-pub const DEFAULT_CAPS: (usize, usize) = (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES);
+/// Small enough to cut the 2.8 KiB MLP into four buckets.
+pub const TINY_CAPS: BucketCaps = BucketCaps { cap_bytes: 1024, first_cap_bytes: 128 };
 const MODEL_SEED: i64 = 5;
 const DATA_SEED: i64 = 6;
 /// Rows of one global batch: divisible by every world size we test (1 to 4).
 pub const GLOBAL_BATCH: i64 = 12;
 pub const STEPS: usize = 4;
-/// Largest absolute difference allowed between DDP and one process on the
-/// global batch, in f64: only the order of additions differs (chapter 3).
-pub const TOLERANCE: f64 = 1e-10;
 
 pub const HINT_REPLICAS: &str =
     "every rank must call sync_gradients, and sync_bucket must copy the averaged \
@@ -50,21 +46,6 @@ pub const HINT_MEAN: &str = "sync_bucket must all-reduce with SUM and divide by 
 pub const HINT_BITWISE: &str = "the bucketed sync must give exactly the naive sync's gradients: check the \
     offsets (each slot starts where the previous one ends, in `bucket.params` order), that every slot is \
     copied back into its own parameter's gradient, and that you divide once";
-
-#[derive(Clone, Copy, Debug)]
-pub enum Optim {
-    Sgd,
-    Adam,
-}
-
-impl Optim {
-    fn build(self, vs: &VarStore) -> anyhow::Result<nn::Optimizer> {
-        Ok(match self {
-            Optim::Sgd => nn::Sgd::default().build(vs, 0.1)?,
-            Optim::Adam => nn::Adam::default().build(vs, 0.01)?,
-        })
-    }
-}
 
 /// How the training loop synchronises the gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -84,14 +65,8 @@ pub fn mlp() -> (VarStore, Mlp) {
 }
 
 /// The MLP plus a trainable parameter `unused` that the loss never touches.
-pub fn mlp_with_an_unused_parameter() -> (VarStore, Mlp) {
-    with_seed(MODEL_SEED, || {
-        let mut vs = VarStore::new(Device::Cpu);
-        let mlp = Mlp::new(&vs.root(), SIZES);
-        let _unused = vs.root().randn("unused", &[3], 0.0, 1.0);
-        vs.set_kind(Kind::Double);
-        (vs, mlp)
-    })
+pub fn mlp_with_unused() -> (VarStore, Mlp) {
+    mlp_with_an_unused_parameter(MODEL_SEED, SIZES)
 }
 
 /// A small network with parameters of two dtypes, registered interleaved:
@@ -141,7 +116,7 @@ pub struct RankRun {
     /// The bucket layout, as names.
     pub buckets: Vec<Vec<String>>,
     /// Every parameter after each `optimizer.step()`.
-    pub after_each_step: Vec<Vec<(String, Tensor)>>,
+    pub after_each_step: Vec<Named>,
     /// Per step: all-reduce calls, all collective calls, and bytes handed to them.
     pub all_reduces: Vec<u64>,
     pub collectives: Vec<u64>,
@@ -157,33 +132,29 @@ pub fn train<M: Module>(
     world_size: usize,
     optim: Optim,
     sync: Sync,
-    caps: (usize, usize),
+    caps: BucketCaps,
     build: fn() -> (VarStore, M),
 ) -> Vec<RankRun> {
-    let options = SpawnOptions::new(world_size).timeout(Duration::from_secs(30));
-    let runs = spawn_with(options, |pg| {
+    run(world_size, |pg| {
         let (rank, data) = (pg.rank() as i64, data());
         let (vs, model) = build();
         let mut optimizer = optim.build(&vs)?;
-        let mut ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, caps.0, caps.1)?;
+        let ddp = BucketedDdp::with_bucket_caps(model, &vs, pg, caps)?;
         let mut run = RankRun { buckets: ddp.bucket_names(), ..RankRun::default() };
         for step in 0..STEPS as i64 {
-            let before = ddp.process_group().stats();
-            // ANCHOR: ddp_step
+            let before = ddp.stats();
             let rows = GLOBAL_BATCH / world_size as i64; // every rank gets as many rows
             let (x, y) = data.batch(step * GLOBAL_BATCH + rank * rows, rows); // [rows, 4], [rows, 1]
             optimizer.zero_grad();
-            let loss = ddp.forward(&x).mse_loss(&y, Reduction::Mean);
-            loss.backward();
+            ddp.backward_local(&mse(&ddp.forward(&x), &y))?;
             match sync {
                 Sync::Bucketed => ddp.sync_gradients()?, // one all-reduce per bucket
-                Sync::Naive => naive_sync(ddp.process_group().as_ref(), ddp.parameters())?,
+                Sync::Naive => naive::sync_gradients(ddp.process_group().as_ref(), ddp.parameters())?,
                 Sync::None => {}
                 Sync::NoCopyBack => sync_without_copy_back(&ddp)?,
             }
             optimizer.step();
-            // ANCHOR_END: ddp_step
-            let after = ddp.process_group().stats();
+            let after = ddp.stats();
             run.all_reduces.push(after.all_reduce - before.all_reduce);
             run.collectives.push(after.collectives() - before.collectives());
             run.bytes.push(after.collective_bytes - before.collective_bytes);
@@ -193,14 +164,13 @@ pub fn train<M: Module>(
             run.after_each_step.push(snapshot(ddp.parameters()));
         }
         Ok(run)
-    });
-    runs.unwrap_or_else(|e| panic!("{e}"))
+    })
 }
 
 /// A broken bucketed sync for the negative control: it averages each bucket
 /// in a flat copy and then forgets to copy the result back, so every rank
 /// steps with its own, local gradients.
-fn sync_without_copy_back<M: Module>(ddp: &SimpleDistributedDataParallelism<M>) -> Result<(), DistError> {
+fn sync_without_copy_back<M: Module>(ddp: &BucketedDdp<M>) -> Result<(), DistError> {
     let pg = ddp.process_group();
     tch::no_grad(|| {
         for bucket in ddp.buckets() {
@@ -227,23 +197,8 @@ fn sync_without_copy_back<M: Module>(ddp: &SimpleDistributedDataParallelism<M>) 
 }
 
 /// One process, one model, the whole global batch of every step.
-pub fn train_single_process<M: Module>(
-    optim: Optim,
-    build: fn() -> (VarStore, M),
-) -> Vec<Vec<(String, Tensor)>> {
-    let data = data();
-    let (vs, model) = build();
-    let mut optimizer = optim.build(&vs).expect("the optimizer builds");
-    let mut after_each_step = vec![];
-    for step in 0..STEPS as i64 {
-        let (x, y) = data.batch(step * GLOBAL_BATCH, GLOBAL_BATCH); // [B, 4], [B, 1]
-        optimizer.zero_grad();
-        let loss = model.forward(&x).mse_loss(&y, Reduction::Mean); // mean over all B rows
-        loss.backward();
-        optimizer.step();
-        after_each_step.push(snapshot(&named_parameters(&vs)));
-    }
-    after_each_step
+pub fn one_process<M: Module>(optim: Optim, build: fn() -> (VarStore, M)) -> Vec<Step> {
+    train_single_process(build, optim, &global_batches(&data(), GLOBAL_BATCH, STEPS))
 }
 
 /// Bitwise: the same parameters on every rank after every step, in both runs.

@@ -14,20 +14,20 @@ use ddp_workbook::check::max_reference_diff;
 use ddp_workbook::dist::{spawn_with, Group};
 use ddp_workbook::models::Mlp;
 use ddp_workbook::tch::nn::{self, OptimizerConfig};
-use ddp_workbook::tch::{Kind, Reduction};
+use ddp_workbook::tch::Kind;
 
 use super::training::*;
-use super::{spawn_options, TIMEOUT};
+use crate::common::{mse, spawn_options, TIMEOUT, TOLERANCE};
 
 #[test]
 fn negative_control_every_rank_on_the_same_shard_just_repeats_the_work() {
     for world_size in [2, 3] {
         let runs = train_ddp(world_size, Sharding::EveryRankIsRank0);
         // The replicas still agree (they all computed the same gradient)...
-        let (true_reference, _) = train_single_process(&global_batches(world_size, false));
+        let true_reference = one_process(&global_batches(world_size, false));
         let off = replicas_match_and_differ_from(&runs, &true_reference);
         // ...but they trained on 1/N of the data: one process on rank 0's part.
-        let (rank0_only, _) = train_single_process(&global_batches(world_size, true));
+        let rank0_only = one_process(&global_batches(world_size, true));
         let same_as_one_rank = replicas_match_and_differ_from(&runs, &rank0_only);
         println!("{world_size} ranks on rank 0's shard: {off:e} from the global batch, {same_as_one_rank:e} from rank 0's part alone");
         assert!(
@@ -77,13 +77,13 @@ fn unequal_shards_fail_with_an_error_instead_of_hanging() {
         let data = data();
         let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
         let rank = pg.rank() as i64;
-        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, CAPS.0, CAPS.1)?;
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, CAPS)?;
         let mut optimizer = nn::Sgd::default().build(&vs, LR)?;
         let shard: Vec<i64> = (rank * 12..((rank + 1) * 12).min(DATASET_LEN)).collect();
         for step_indices in shard.chunks_exact(6) {
             let micro_batches: Vec<&[i64]> = step_indices.chunks_exact(3).collect();
             train_step(&ddp, &mut optimizer, &micro_batches, |i| {
-                ddp.forward(&rows(&data.x, i)).mse_loss(&rows(&data.y, i), Reduction::Mean)
+                mse(&ddp.forward(&rows(&data.x, i)), &rows(&data.y, i))
             })?;
         }
         Ok(())

@@ -7,12 +7,11 @@
 
 use std::collections::BTreeSet;
 
-use ddp_workbook::ch06_sharding::{DistributedSampler, SamplerError};
-use ddp_workbook::dist::spawn_with;
+use ddp_workbook::ch06_sharding::{shard, shard_len, DistributedSampler, SamplerError};
 use ddp_workbook::tch::{self, Tensor};
 use ddp_workbook::with_seed;
 
-use super::{spawn_options, RANK_FAILURE};
+use crate::common::run;
 
 const SEED: u64 = 2024;
 
@@ -28,7 +27,7 @@ fn all_shards(len: i64, n: usize, shuffle: bool, drop_last: bool, epoch: u64) ->
         .map(|rank| {
             let mut s = sampler(len, n, rank, shuffle, SEED, drop_last);
             s.set_epoch(epoch);
-            s.indices()
+            shard(&s)
         })
         .collect()
 }
@@ -66,12 +65,12 @@ fn every_rank_gets_the_same_number_of_indices() {
         let expected = expected_count(len, n, drop_last);
         for rank in 0..n {
             let s = sampler(len, n, rank, shuffle, SEED, drop_last);
-            let got = s.indices().len();
+            let got = shard(&s).len();
             assert_eq!(
-                (s.len(), got),
+                (shard_len(&s), got),
                 (expected, expected),
                 "{len} examples on {n} ranks (shuffle {shuffle}, drop_last {drop_last}), rank {rank}: \
-                 len() and indices().len() must both be {} = {expected}; unequal counts mean one rank \
+                 samples_per_rank and the shard's length must both be {} = {expected}; unequal counts mean one rank \
                  makes fewer collectives than the others and the run deadlocks",
                 if drop_last { "floor(len / n)" } else { "ceil(len / n)" }
             );
@@ -169,32 +168,31 @@ fn without_set_epoch_every_epoch_repeats_the_same_order() {
     // The failure the chapter warns about: the sampler is built once and
     // set_epoch is never called, so each "epoch" visits the same order.
     let s = sampler(30, 3, 1, true, SEED, false);
-    let first = s.indices();
+    let first = shard(&s);
     for _epoch in 1..4 {
-        assert_eq!(s.indices(), first, "without set_epoch, the order must stay epoch 0's");
+        assert_eq!(shard(&s), first, "without set_epoch, the order must stay epoch 0's");
     }
     let mut reshuffled = s.clone();
     reshuffled.set_epoch(1);
-    assert_ne!(reshuffled.indices(), first, "set_epoch(1) must change rank 1's indices");
+    assert_ne!(shard(&reshuffled), first, "set_epoch(1) must change rank 1's indices");
     // Without shuffling there is nothing to reshuffle.
     let mut fixed = sampler(30, 3, 1, false, SEED, false);
-    let epoch0 = fixed.indices();
+    let epoch0 = shard(&fixed);
     fixed.set_epoch(5);
-    assert_eq!(fixed.indices(), epoch0, "shuffle = false: every epoch visits 0..len in order");
+    assert_eq!(shard(&fixed), epoch0, "shuffle = false: every epoch visits 0..len in order");
 }
 
 #[test]
 fn the_same_seed_and_epoch_give_the_same_order_on_every_rank_and_every_run() {
     let (len, epoch) = (50, 3);
     // Three rank threads each build their own sampler and compare orders.
-    let per_rank = spawn_with(spawn_options(3), |pg| {
+    let per_rank = run(3, |pg| {
         let mut s = DistributedSampler::for_group(pg.as_ref(), len, true, SEED, false)?;
         s.set_epoch(epoch);
         let orders = pg.all_gather(&Tensor::from_slice(&s.epoch_order()))?; // 3 x [len]
         let orders: Vec<Vec<i64>> = orders.iter().map(Vec::<i64>::try_from).collect::<Result<_, _>>()?;
-        Ok((orders, s.indices()))
-    })
-    .unwrap_or_else(|e| panic!("{RANK_FAILURE}{e}"));
+        Ok((orders, shard(&s)))
+    });
     let (orders, _) = &per_rank[0];
     for (rank, order) in orders.iter().enumerate() {
         assert_eq!(
@@ -215,7 +213,7 @@ fn the_same_seed_and_epoch_give_the_same_order_on_every_rank_and_every_run() {
         orders[0],
         "the same seed and epoch must give the same order in every run"
     );
-    assert_eq!(again.indices(), per_rank[2].1, "rank 2's shard must be the same in every run");
+    assert_eq!(shard(&again), per_rank[2].1, "rank 2's shard must be the same in every run");
 }
 
 #[test]
@@ -267,19 +265,16 @@ fn bad_input_is_refused_with_a_clear_error() {
 }
 
 #[test]
-fn the_reference_methods_agree_with_indices_and_len() {
-    // `reference_indices` / `reference_len` are what code after this chapter
-    // (the training run) uses; with your functions they must agree.
+fn your_shards_are_the_ones_the_library_sampler_hands_out() {
+    // The training run uses the library's sampler (`sampler.indices()`,
+    // `sampler.len()`); cut by your functions, the shards must be the same.
     for (len, n, shuffle, drop_last) in grid() {
         for rank in 0..n {
             let mut s = sampler(len, n, rank, shuffle, SEED, drop_last);
             s.set_epoch(4);
-            assert_eq!(
-                s.indices(),
-                s.reference_indices(),
-                "{len} examples, {n} ranks, rank {rank}, drop_last {drop_last}"
-            );
-            assert_eq!(s.len(), s.reference_len(), "{len} examples, {n} ranks, drop_last {drop_last}");
+            let case = format!("{len} examples, {n} ranks, rank {rank}, drop_last {drop_last}");
+            assert_eq!(shard(&s), s.indices(), "{case}: your shard (left) against the library's (right)");
+            assert_eq!(shard_len(&s), s.len(), "{case}: your samples_per_rank (left) against the library's");
         }
     }
 }

@@ -16,15 +16,17 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ddp_workbook::ch06_sharding::{rows, train_step, DistributedSampler, SimpleDistributedDataParallelism};
+use ddp_workbook::ch06_sharding::{
+    rows, shard, shard_len, train_step, BucketCaps, DistributedSampler, SimpleDistributedDataParallelism,
+};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, max_reference_diff, snapshot};
 use ddp_workbook::data::Regression;
-use ddp_workbook::dist::{spawn_with, Group};
+use ddp_workbook::dist::Group;
 use ddp_workbook::models::{named_parameters, Mlp};
-use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
-use ddp_workbook::tch::{Kind, Reduction, Tensor};
+use ddp_workbook::tch::nn::{self, OptimizerConfig};
+use ddp_workbook::tch::{Kind, Tensor};
 
-use super::{spawn_options, RANK_FAILURE};
+use crate::common::{mse, run, train_single_process, Named, Optim, Step, TOLERANCE};
 
 pub(super) const SIZES: &[i64] = &[4, 16, 16, 1];
 pub(super) const MODEL_SEED: i64 = 11;
@@ -36,11 +38,8 @@ pub(super) const ACCUMULATION_STEPS: usize = 2;
 pub(super) const STEPS_PER_EPOCH: usize = 2;
 pub(super) const EPOCHS: u64 = 2;
 pub(super) const LR: f64 = 0.1;
-/// (cap, first cap) in bytes: this 2.8 KiB f64 model gets 4 buckets.
-pub(super) const CAPS: (usize, usize) = (1024, 128);
-/// Largest absolute difference allowed from one process, in f64: only the
-/// order of the additions differs (about 1e-16). Printed with `--nocapture`.
-pub(super) const TOLERANCE: f64 = 1e-10;
+/// This 2.8 KiB f64 model gets 4 buckets.
+pub(super) const CAPS: BucketCaps = BucketCaps { cap_bytes: 1024, first_cap_bytes: 128 };
 
 /// How the ranks get their data.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,7 +63,7 @@ pub(super) fn sampler(world_size: usize, rank: usize) -> DistributedSampler {
 /// One rank's record of a run.
 #[derive(Default)]
 pub(super) struct RankRun {
-    pub(super) after_each_step: Vec<Vec<(String, Tensor)>>,
+    pub(super) after_each_step: Vec<Named>,
     /// The indices this rank trained on, per epoch.
     pub(super) seen: Vec<Vec<i64>>,
     all_reduces_per_step: Vec<u64>,
@@ -101,32 +100,29 @@ fn checkpoint_path() -> PathBuf {
 }
 
 pub(super) fn train_ddp(world_size: usize, sharding: Sharding) -> Vec<RankRun> {
-    let runs = spawn_with(spawn_options(world_size), |pg: Group| {
+    run(world_size, |pg: Group| {
         let data = data();
         let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
         let rank = if sharding == Sharding::EveryRankIsRank0 { 0 } else { pg.rank() };
         let set_epoch = sharding != Sharding::NoSetEpoch;
         let mut run = RankRun::default();
         let checkpoint = checkpoint_path();
-        // ANCHOR: setup
         let mut sampler =
             DistributedSampler::new(DATASET_LEN, pg.world_size(), rank, true, SAMPLER_SEED, false)?;
-        let micro = sampler.len() / (ACCUMULATION_STEPS * STEPS_PER_EPOCH); // rows per micro-batch
-        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, CAPS.0, CAPS.1)?;
+        let micro = shard_len(&sampler) / (ACCUMULATION_STEPS * STEPS_PER_EPOCH); // rows per micro-batch
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, CAPS)?;
         let mut optimizer = nn::Sgd::default().build(&vs, LR)?;
-        // ANCHOR_END: setup
-        // ANCHOR: epochs
         for epoch in 0..EPOCHS {
             if set_epoch {
                 sampler.set_epoch(epoch); // a new order, the same on every rank
             }
-            let shard = sampler.indices(); // this rank's part of it, as long as every other rank's
+            let shard = shard(&sampler); // this rank's part of it (your cut), as long as every other rank's
             for step_indices in shard.chunks_exact(micro * ACCUMULATION_STEPS) {
                 let micro_batches: Vec<&[i64]> = step_indices.chunks_exact(micro).collect();
                 let calls_before = ddp.stats().all_reduce; // the test's records
                 let rank_loss = train_step(&ddp, &mut optimizer, &micro_batches, |indices| {
                     let (x, y) = (rows(&data.x, indices), rows(&data.y, indices)); // [micro, 4], [micro, 1]
-                    ddp.forward(&x).mse_loss(&y, Reduction::Mean) // mean over this micro-batch
+                    mse(&ddp.forward(&x), &y) // mean over this micro-batch
                 })?;
                 let all_reduces = ddp.stats().all_reduce - calls_before; // the test's records
                 let loss = ddp.mean_over_ranks(rank_loss)?; // every rank calls it: a collective
@@ -142,16 +138,14 @@ pub(super) fn train_ddp(world_size: usize, sharding: Sharding) -> Vec<RankRun> {
             run.checkpoint = Some(checkpoint); // the test's records
         }
         ddp.process_group().barrier()?; // no rank may read the file before it is complete
-                                        // ANCHOR_END: epochs
         (run.buckets, run.gradient_syncs, run.sync_time) =
             (ddp.buckets().len(), ddp.gradient_syncs(), ddp.sync_time());
         Ok(run)
-    });
-    runs.unwrap_or_else(|e| panic!("{RANK_FAILURE}{e}"))
+    })
 }
 
-/// The global batch of every step, as the true samplers of `world_size`
-/// ranks form it: step s of an epoch is every rank's s-th step, together.
+/// The global batch of every step, as the library's samplers (the
+/// reference) of `world_size` ranks form it: step s of an epoch is every rank's s-th step, together.
 /// With `only_rank0`, rank 0's part alone.
 pub(super) fn global_batches(world_size: usize, only_rank0: bool) -> Vec<Vec<i64>> {
     let mut batches = vec![];
@@ -179,26 +173,16 @@ pub(super) fn global_batches(world_size: usize, only_rank0: bool) -> Vec<Vec<i64
 }
 
 /// One process, one model, one batch per step: the reference.
-pub(super) fn train_single_process(batches: &[Vec<i64>]) -> (Vec<Vec<(String, Tensor)>>, Vec<f64>) {
+pub(super) fn one_process(batches: &[Vec<i64>]) -> Vec<Step> {
     let data = data();
-    let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
-    let mut optimizer = nn::Sgd::default().build(&vs, LR).expect("the optimizer builds");
-    let (mut after_each_step, mut losses) = (vec![], vec![]);
-    for batch in batches {
-        let (x, y) = (rows(&data.x, batch), rows(&data.y, batch)); // [B, 4], [B, 1]
-        optimizer.zero_grad();
-        let loss = model.forward(&x).mse_loss(&y, Reduction::Mean); // mean over the global batch
-        loss.backward();
-        optimizer.step();
-        after_each_step.push(snapshot(&named_parameters(&vs)));
-        losses.push(loss.double_value(&[]));
-    }
-    (after_each_step, losses)
+    let batches: Vec<(Tensor, Tensor)> =
+        batches.iter().map(|b| (rows(&data.x, b), rows(&data.y, b))).collect(); // [B, 4], [B, 1] each
+    train_single_process(|| Mlp::seeded(MODEL_SEED, SIZES, Kind::Double), Optim::Sgd, &batches)
 }
 
 /// Replicas bitwise equal after every step; returns rank 0's largest
 /// difference from `reference`.
-pub(super) fn replicas_match_and_differ_from(runs: &[RankRun], reference: &[Vec<(String, Tensor)>]) -> f64 {
+pub(super) fn replicas_match_and_differ_from(runs: &[RankRun], reference: &[Step]) -> f64 {
     assert_eq!(
         runs[0].after_each_step.len(),
         reference.len(),
@@ -209,7 +193,7 @@ pub(super) fn replicas_match_and_differ_from(runs: &[RankRun], reference: &[Vec<
     for (step, expected) in reference.iter().enumerate() {
         let per_rank: Vec<_> = runs.iter().map(|run| snapshot(&run.after_each_step[step])).collect();
         compare_replicas(&per_rank, 0.0).unwrap_or_else(|report| panic!("after step {}: {report}", step + 1));
-        largest = largest.max(max_reference_diff(&per_rank[0], expected));
+        largest = largest.max(max_reference_diff(&per_rank[0], &expected.params));
     }
     largest
 }
@@ -218,23 +202,24 @@ pub(super) fn replicas_match_and_differ_from(runs: &[RankRun], reference: &[Vec<
 fn the_whole_loop_on_2_and_3_ranks_equals_one_process_on_the_global_batch() {
     for world_size in [2, 3] {
         let runs = train_ddp(world_size, Sharding::Sampler);
-        let (reference, reference_losses) = train_single_process(&global_batches(world_size, false));
+        let reference = one_process(&global_batches(world_size, false));
         let largest = replicas_match_and_differ_from(&runs, &reference);
         let last = reference.len() - 1;
-        compare_to_reference(&runs[0].after_each_step[last], &reference[last], TOLERANCE).unwrap_or_else(
-            |r| {
+        compare_to_reference(&runs[0].after_each_step[last], &reference[last].params, TOLERANCE)
+            .unwrap_or_else(|r| {
                 let hint =
                     "each rank must train on its own shard: samples_per_rank and shard_indices must give \
                         every rank an equal, strided part of the padded epoch order";
                 panic!("{world_size} ranks, after the last step: {}", r.hint(hint))
-            },
-        );
+            });
         assert!(largest <= TOLERANCE, "{world_size} ranks: a step was {largest:e} from one process");
         println!(
             "{world_size} ranks: largest difference from one process over {} steps: {largest:e}",
             last + 1
         );
-        for (step, (&ddp_loss, &one)) in runs[0].losses.iter().zip(&reference_losses).enumerate() {
+        for (step, (&ddp_loss, one)) in
+            runs[0].losses.iter().zip(reference.iter().map(|s| s.loss)).enumerate()
+        {
             assert!(
                 (ddp_loss - one).abs() <= TOLERANCE,
                 "step {step}: logged loss {ddp_loss} != global batch's {one}"

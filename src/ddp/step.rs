@@ -1,13 +1,13 @@
-//! Chapter 06, already solved: one optimizer step of the whole DDP loop,
-//! with gradient accumulation over this rank's micro-batches. The training
-//! run (`examples/train.rs`) and the chapter's tests call it once per step.
+//! One optimizer step of the whole DDP loop, with gradient accumulation over
+//! this rank's micro-batches. The training run (`src/train/run.rs`) and the
+//! chapter-6 tests call it once per step.
 //!
-//! Its tests: `cargo test --features solutions --test chapter_06`
+//! Tested by `cargo test --test chapter_06`.
 
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use super::ddp::SimpleDistributedDataParallelism;
+use super::wrapper::SimpleDistributedDataParallelism;
 use crate::dist::DistError;
 
 // ANCHOR: train_step

@@ -1,11 +1,16 @@
-//! Chapter 05, already solved: what a bucket layout is made of ([`ParamMeta`],
-//! [`Bucket`]), the default caps, and the checks the wrapper runs on a layout
-//! before it trusts it. Your planner, `plan_buckets` in `exercise.rs`, turns a
-//! list of [`ParamMeta`] into a list of [`Bucket`].
+//! Bucket layouts: which gradients travel together, in one flat buffer and
+//! one all-reduce. [`plan_buckets`] computes the layout once, at
+//! construction, from the parameters' sizes, dtypes and devices; chapter 5 of
+//! the book builds it. [`check_plan`] is what a wrapper checks before it
+//! trusts a layout.
 //!
-//! Check your work: `cargo test --test chapter_05`
+//! Tested by `cargo test --test chapter_05`.
+
+use std::cmp::Reverse;
 
 use tch::{Device, Kind, Tensor};
+
+use crate::fingerprint::Fnv1a;
 
 /// One mebibyte, 1024 × 1024 bytes: PyTorch counts `bucket_cap_mb` in these.
 pub const MIB: usize = 1024 * 1024;
@@ -19,6 +24,22 @@ pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * MIB;
 /// (PyTorch's `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB).
 pub const DEFAULT_FIRST_BUCKET_CAP_BYTES: usize = MIB;
 // ANCHOR_END: caps
+
+/// The two caps of a layout, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketCaps {
+    /// Every bucket but the first of each dtype and device.
+    pub cap_bytes: usize,
+    /// The first bucket of each dtype and device.
+    pub first_cap_bytes: usize,
+}
+
+impl Default for BucketCaps {
+    /// PyTorch's: 25 MiB, and 1 MiB for the first bucket.
+    fn default() -> Self {
+        BucketCaps { cap_bytes: DEFAULT_BUCKET_CAP_BYTES, first_cap_bytes: DEFAULT_FIRST_BUCKET_CAP_BYTES }
+    }
+}
 
 // ANCHOR: types
 /// What the planner needs to know about one parameter: its size, dtype and
@@ -80,6 +101,56 @@ impl Bucket {
 }
 // ANCHOR_END: types
 
+// ANCHOR: plan_buckets
+/// Groups the parameters into buckets, walking them from the LAST registered
+/// to the first (the order in which backward produces their gradients). Each
+/// dtype and device gets its own buckets; the first bucket of each holds at
+/// most `first_cap_bytes`, the others at most `cap_bytes`, except that a
+/// parameter larger than the cap gets a bucket of its own. Buckets come out
+/// in the order backward starts filling them: the last layer's first.
+pub fn plan_buckets(params: &[ParamMeta], cap_bytes: usize, first_cap_bytes: usize) -> Vec<Bucket> {
+    let mut closed: Vec<Bucket> = Vec::new();
+    // At most one bucket being filled per (dtype, device).
+    let mut open: Vec<Bucket> = Vec::new();
+    for index in (0..params.len()).rev() {
+        let meta = &params[index];
+        let same_key = |b: &Bucket| b.kind == meta.kind && b.device == meta.device;
+        // The first bucket of a key is small, so that it fills, and can be
+        // sent, early in backward; once one of that key is closed, the big cap.
+        let limit = |closed: &[Bucket]| if closed.iter().any(same_key) { cap_bytes } else { first_cap_bytes };
+
+        // 1. This gradient would overflow the open bucket: close that one as it is.
+        if let Some(i) = open.iter().position(same_key) {
+            if open[i].bytes() + meta.bytes() > limit(&closed) {
+                closed.push(open.swap_remove(i));
+            }
+        }
+        // 2. Put it in the open bucket of its key, opening one if needed.
+        let i = match open.iter().position(same_key) {
+            Some(i) => i,
+            None => {
+                open.push(Bucket::new(meta.kind, meta.device));
+                open.len() - 1
+            }
+        };
+        open[i].params.push(index);
+        open[i].numel += meta.numel;
+        // 3. Full, or one parameter at least as large as the cap: close it.
+        if open[i].bytes() >= limit(&closed) {
+            closed.push(open.swap_remove(i));
+        }
+    }
+    // The partly filled last buckets close too.
+    closed.extend(open);
+    // Closing order is not filling order when dtypes mix (a big f32 tensor
+    // closes its bucket while an f64 bucket opened earlier is still open).
+    // Sort by first member, highest index first: the order backward, going
+    // from high indices to low, starts filling them.
+    closed.sort_by_key(|b| Reverse(b.params[0]));
+    closed
+}
+// ANCHOR_END: plan_buckets
+
 /// Checks that `buckets` is a usable layout for `metas`: every parameter in
 /// exactly one bucket, no empty bucket, and each bucket's dtype, device and
 /// `numel` consistent with its members. Returns what is wrong, for a learner.
@@ -131,16 +202,10 @@ pub fn check_plan(metas: &[ParamMeta], buckets: &[Bucket]) -> Result<(), String>
 
 /// A 64-bit FNV-1a hash of a layout (dtypes, devices, members, in order):
 /// equal on two ranks exactly when they planned the same buckets.
-pub fn fingerprint(buckets: &[Bucket]) -> i64 {
-    let text = buckets
-        .iter()
-        .map(|b| format!("{:?}@{:?}:{:?}", b.kind, b.device, b.params))
-        .collect::<Vec<_>>()
-        .join("|");
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+pub fn layout_fingerprint(buckets: &[Bucket]) -> i64 {
+    let mut hash = Fnv1a::new();
+    for bucket in buckets {
+        hash.write(format!("{:?}@{:?}:{:?}|", bucket.kind, bucket.device, bucket.params).as_bytes());
     }
-    hash as i64
+    hash.finish()
 }

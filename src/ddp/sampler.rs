@@ -1,11 +1,11 @@
-//! Chapter 06, already solved: the [`DistributedSampler`] itself, the seeded
-//! shuffle it uses, and its errors. Your part, in `exercise.rs`, is how the
-//! shuffled list is cut into one shard per rank: `samples_per_rank` and
-//! `shard_indices`.
+//! The distributed sampler: every rank trains on its own, equal part of each
+//! epoch, with the semantics of PyTorch's `DistributedSampler`. Chapter 6 of
+//! the book builds [`samples_per_rank`] and [`shard_indices`].
 //!
-//! Check your work: `cargo test --test chapter_06`
+//! Tested by `cargo test --test chapter_06`.
 
-use super::active::shard_indices;
+use tch::Tensor;
+
 use crate::dist::ProcessGroup;
 
 // ANCHOR: permutation
@@ -95,7 +95,7 @@ pub enum SamplerError {
 ///   position `r`.
 ///
 /// The sampler hands out indices, not data: look the rows up yourself, e.g.
-/// with [`rows`](super::rows).
+/// with [`rows`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DistributedSampler {
     dataset_len: i64,
@@ -178,23 +178,8 @@ impl DistributedSampler {
     /// How many indices every rank gets per epoch: `ceil(dataset_len / N)`,
     /// or `floor(dataset_len / N)` with `drop_last`.
     pub fn len(&self) -> usize {
-        super::active::samples_per_rank(self.dataset_len as usize, self.num_replicas, self.drop_last)
+        samples_per_rank(self.dataset_len as usize, self.num_replicas, self.drop_last)
     }
-
-    /// [`indices`](Self::indices) cut by this chapter's REFERENCE
-    /// `shard_indices`, whatever the `solutions` feature says. For code that
-    /// comes after this chapter (the training run), which must work before
-    /// the exercise is written; the chapter's tests use `indices`.
-    pub fn reference_indices(&self) -> Vec<i64> {
-        super::solution::shard_indices(&self.epoch_order(), self.num_replicas, self.rank, self.drop_last)
-    }
-
-    /// [`len`](Self::len) by the REFERENCE `samples_per_rank` (see
-    /// [`reference_indices`](Self::reference_indices)).
-    pub fn reference_len(&self) -> usize {
-        super::solution::samples_per_rank(self.dataset_len as usize, self.num_replicas, self.drop_last)
-    }
-
     /// Always false: [`new`](Self::new) refuses samplers whose shards would be empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -234,3 +219,47 @@ impl DistributedSampler {
         self.drop_last
     }
 }
+
+// ANCHOR: samples_per_rank
+/// How many indices each of `num_replicas` ranks gets from a data set of
+/// `dataset_len` examples: `ceil(dataset_len / num_replicas)` when the tail
+/// is padded, `floor(dataset_len / num_replicas)` when it is dropped.
+pub fn samples_per_rank(dataset_len: usize, num_replicas: usize, drop_last: bool) -> usize {
+    if drop_last {
+        dataset_len / num_replicas // the incomplete last round is dropped
+    } else {
+        dataset_len.div_ceil(num_replicas) // the last round is completed by padding
+    }
+}
+// ANCHOR_END: samples_per_rank
+
+// ANCHOR: shard_indices
+/// Rank `rank`'s shard of `order` (the whole data set's order for this
+/// epoch, the same on every rank). The list is first made a multiple of
+/// `num_replicas` long, by repeating its start (`drop_last = false`) or by
+/// cutting its tail (`drop_last = true`); then rank `rank` takes positions
+/// `rank, rank + num_replicas, rank + 2 * num_replicas, ...` of it.
+pub fn shard_indices(order: &[i64], num_replicas: usize, rank: usize, drop_last: bool) -> Vec<i64> {
+    let total_size = samples_per_rank(order.len(), num_replicas, drop_last) * num_replicas;
+    // Position i of the padded list is order[i % len]: past the end it wraps
+    // around to the start, as often as needed (a data set smaller than the
+    // number of ranks wraps more than once). With drop_last, total_size <=
+    // len, so the modulo never wraps and this just cuts the tail.
+    let evened: Vec<i64> = (0..total_size).map(|i| order[i % order.len()]).collect();
+    // Strided, as PyTorch's `indices[rank:total_size:num_replicas]`: each rank
+    // gets examples from the whole list, and a rank's i-th index is the i-th
+    // of its round, so the ranks' i-th micro-batches come from the same part
+    // of the epoch.
+    evened.into_iter().skip(rank).step_by(num_replicas).collect()
+}
+// ANCHOR_END: shard_indices
+
+// ANCHOR: rows
+/// The rows of `tensor` at `indices`, in that order: `[indices.len(), ..]`,
+/// a copy (rows picked one by one cannot be a view). Panics on an index
+/// outside `0..tensor.size()[0]`.
+pub fn rows(tensor: &Tensor, indices: &[i64]) -> Tensor {
+    let index = Tensor::from_slice(indices).to_device(tensor.device()); // [indices.len()]
+    tensor.index_select(0, &index) // [indices.len(), ..]
+}
+// ANCHOR_END: rows

@@ -1,0 +1,256 @@
+//! The bucketed gradient sync: a model's gradients travel in a few flat
+//! buffers, one all-reduce per bucket ([`GradientBuckets`]). Chapter 5 of the
+//! book builds [`sync_bucket`]; the layout comes from `layout.rs`.
+//!
+//! Tested by `cargo test --test chapter_05`.
+
+use tch::Tensor;
+
+use super::layout::{self, plan_buckets, Bucket, BucketCaps, ParamMeta};
+use super::replicas::InitError;
+use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp};
+
+/// Why a model could not be wrapped with buckets.
+#[derive(Debug, thiserror::Error)]
+pub enum BucketingError {
+    #[error(
+        "{what} must be at least 1 byte, got {bytes}. PyTorch's defaults are 25 MiB for the \
+         buckets and 1 MiB for the first one: use `BucketCaps::default()`, or pass caps such \
+         as `25 * MIB` and `MIB`"
+    )]
+    InvalidCap { what: &'static str, bytes: usize },
+
+    /// The planner returned something that is not a layout of the model.
+    #[error("plan_buckets returned an unusable layout: {0}")]
+    BadPlan(String),
+
+    #[error(
+        "the ranks planned different bucket layouts: {0}. Their all-reduces would not pair up. \
+         Pass the same bucket caps on every rank."
+    )]
+    LayoutsDiffer(String),
+
+    #[error(transparent)]
+    Init(#[from] InitError),
+
+    #[error("a collective failed while comparing the bucket layouts: {0}")]
+    Dist(DistError),
+}
+
+/// How a layout is planned: [`plan_buckets`], or a learner's (chapter 5).
+pub type PlanBuckets = fn(&[ParamMeta], usize, usize) -> Vec<Bucket>;
+/// How one bucket is averaged: [`sync_bucket`], or a learner's (chapter 5).
+pub type SyncBucket =
+    fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[(String, Tensor)]) -> Result<(), DistError>;
+
+// ANCHOR: gradient_buckets
+/// A model's bucket layout, planned once and the same on every rank, with
+/// one flat buffer per bucket, `[bucket.numel]`, allocated once and reused
+/// every step.
+pub struct GradientBuckets {
+    layout: Vec<Bucket>,
+    buffers: Vec<Tensor>,
+}
+
+impl GradientBuckets {
+    /// Plans the buckets of `params` with [`plan_buckets`].
+    pub fn plan(
+        pg: &dyn ProcessGroup,
+        params: &[(String, Tensor)],
+        caps: BucketCaps,
+    ) -> Result<Self, BucketingError> {
+        Self::plan_with(pg, params, caps, plan_buckets)
+    }
+
+    /// Plans the buckets of `params` with `planner`, checks that the result
+    /// is a layout of these parameters and that every rank planned the same
+    /// one, and allocates the buffers. Every rank must call it, with the
+    /// same caps.
+    pub fn plan_with(
+        pg: &dyn ProcessGroup,
+        params: &[(String, Tensor)],
+        caps: BucketCaps,
+        planner: PlanBuckets,
+    ) -> Result<Self, BucketingError> {
+        // Before any collective: a bad cap fails here, on the rank that has it.
+        for (what, bytes) in
+            [("the bucket cap", caps.cap_bytes), ("the first bucket's cap", caps.first_cap_bytes)]
+        {
+            if bytes == 0 {
+                return Err(BucketingError::InvalidCap { what, bytes });
+            }
+        }
+        // The layout depends only on the parameters' sizes, dtypes, devices
+        // and order, which the replica checks proved equal on every rank, and
+        // on the caps. So equal caps give equal layouts: we check it anyway,
+        // because unequal layouts would pair the wrong buffers.
+        let metas = ParamMeta::of(params);
+        let layout = planner(&metas, caps.cap_bytes, caps.first_cap_bytes);
+        layout::check_plan(&metas, &layout).map_err(BucketingError::BadPlan)?;
+        check_same_layout(pg, caps, &layout)?;
+        let buffers = layout.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
+        Ok(GradientBuckets { layout, buffers })
+    }
+
+    /// Averages every gradient of `params` over all ranks with [`sync_bucket`].
+    pub fn sync(&self, pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Result<(), DistError> {
+        self.sync_with(pg, params, sync_bucket)
+    }
+
+    /// Averages every gradient over all ranks, one all-reduce per bucket, in
+    /// bucket order, with `sync`; then checks that no rank used a parameter
+    /// that this rank did not.
+    pub fn sync_with(
+        &self,
+        pg: &dyn ProcessGroup,
+        params: &[(String, Tensor)],
+        sync: SyncBucket,
+    ) -> Result<(), DistError> {
+        for (bucket, buffer) in self.layout.iter().zip(&self.buffers) {
+            // A second handle on the same storage: the sync needs `&mut`, and
+            // `&self` is what lets backward run inside a no_sync scope.
+            let mut buffer = buffer.shallow_clone();
+            sync(pg, bucket, &mut buffer, params)?;
+            check_missing_gradients(pg, bucket, &buffer, params)?;
+        }
+        Ok(())
+    }
+}
+// ANCHOR_END: gradient_buckets
+
+impl GradientBuckets {
+    /// The layout, in the order the buckets are all-reduced.
+    pub fn layout(&self) -> &[Bucket] {
+        &self.layout
+    }
+
+    /// The names of each bucket's parameters, in buffer order: the layout as
+    /// a person reads it.
+    pub fn names(&self, params: &[(String, Tensor)]) -> Vec<Vec<String>> {
+        self.layout.iter().map(|b| b.params.iter().map(|&p| params[p].0.clone()).collect()).collect()
+    }
+}
+
+// ANCHOR: sync_bucket
+/// Averages the gradients of one bucket's parameters over all ranks with a
+/// single all-reduce: copy each gradient into its slot of `buffer` (zeros for
+/// a parameter without a gradient), all-reduce `buffer` with SUM, divide it
+/// by the world size, and copy each slot back into its gradient. On return
+/// `buffer` holds the averaged bucket; gradients that were undefined stay so.
+pub fn sync_bucket(
+    pg: &dyn ProcessGroup,
+    bucket: &Bucket,
+    buffer: &mut Tensor,
+    params: &[(String, Tensor)],
+) -> Result<(), DistError> {
+    tch::no_grad(|| {
+        // 1. Copy in. The slots follow `bucket.params`, back to back.
+        let mut offset = 0;
+        for &index in &bucket.params {
+            let (name, param) = &params[index];
+            let numel = param.numel() as i64;
+            let mut slot = buffer.narrow(0, offset, numel); // [numel], a view into the buffer
+            let grad = param.grad();
+            let copied = if grad.defined() {
+                grad.f_reshape([-1]).and_then(|flat| slot.f_copy_(&flat)) // [numel]
+            } else {
+                // No gradient here: send zeros, so that every rank still makes
+                // the same call with the same buffer size.
+                slot.f_zero_().map(|_| ())
+            };
+            // (A closure, so that the message is only formatted on an error.)
+            let op = || format!("copying the gradient of `{name}` into its bucket");
+            copied.map_err(|source| torch_error(pg, op())(source))?;
+            offset += numel;
+        }
+
+        // 2. One collective for the whole bucket, then the mean.
+        pg.all_reduce(buffer, ReduceOp::Sum)?;
+        let _ = buffer
+            .f_div_scalar_(pg.world_size() as f64)
+            .map_err(torch_error(pg, "dividing a bucket by the world size"))?;
+
+        // 3. Copy out, slot by slot, into the gradients that exist.
+        let mut offset = 0;
+        for &index in &bucket.params {
+            let (name, param) = &params[index];
+            let numel = param.numel() as i64;
+            let mut grad = param.grad(); // a handle sharing the gradient's storage
+            if grad.defined() {
+                let slot = buffer.narrow(0, offset, numel); // [numel]
+                let op = || format!("copying the bucket back into the gradient of `{name}`");
+                slot.f_view_as(&grad) // the gradient's shape
+                    .and_then(|averaged| grad.f_copy_(&averaged))
+                    .map_err(|source| torch_error(pg, op())(source))?;
+            }
+            offset += numel;
+        }
+        Ok(())
+    })
+}
+// ANCHOR_END: sync_bucket
+
+/// Every rank tells every rank its caps and a fingerprint of its layout; all
+/// fail together if any differs from rank 0's.
+fn check_same_layout(
+    pg: &dyn ProcessGroup,
+    caps: BucketCaps,
+    buckets: &[Bucket],
+) -> Result<(), BucketingError> {
+    let mine = [
+        caps.cap_bytes as i64,
+        caps.first_cap_bytes as i64,
+        buckets.len() as i64,
+        layout::layout_fingerprint(buckets),
+    ];
+    let all = pg.all_gather(&Tensor::from_slice(&mine)).map_err(BucketingError::Dist)?; // world_size x [4]
+    let all: Vec<Vec<i64>> = all
+        .iter()
+        .map(Vec::<i64>::try_from)
+        .collect::<Result<_, _>>()
+        .map_err(|e| BucketingError::Dist(torch_error(pg, "reading the gathered bucket layouts")(e)))?;
+    let differing: Vec<usize> = (0..all.len()).filter(|&r| all[r] != all[0]).collect();
+    if let Some(&r) = differing.first() {
+        let describe = |v: &[i64]| format!("cap {} B, first cap {} B, {} buckets", v[0], v[1], v[2]);
+        let detail = format!(
+            "rank 0 has {} but rank(s) {differing:?} differ, e.g. rank {r} has {}",
+            describe(&all[0]),
+            describe(&all[r])
+        );
+        return Err(BucketingError::LayoutsDiffer(detail));
+    }
+    Ok(())
+}
+
+/// A parameter without a gradient on this rank sent zeros. If its averaged
+/// slot is not zero, another rank did compute a gradient for it: the others
+/// will update it and this rank will not, and the replicas drift apart
+/// silently. Turn that into an error that names the parameter.
+fn check_missing_gradients(
+    pg: &dyn ProcessGroup,
+    bucket: &Bucket,
+    buffer: &Tensor,
+    params: &[(String, Tensor)],
+) -> Result<(), DistError> {
+    let mut offset = 0;
+    for &index in &bucket.params {
+        let (name, param) = &params[index];
+        let numel = param.numel() as i64;
+        if !param.grad().defined() && numel > 0 {
+            let largest = tch::no_grad(|| buffer.narrow(0, offset, numel).abs().max().double_value(&[]));
+            if largest != 0.0 {
+                let detail = format!(
+                    "`{name}` has no gradient on rank {} (it took no part in this rank's loss), but \
+                     the averaged bucket holds values up to {largest:e} for it: other ranks used it. \
+                     Then they update it and this rank does not. Use every parameter in the loss on \
+                     every rank (or on none). If this rank is right, check that sync_bucket fills \
+                     the slot of a parameter without gradient with zeros.",
+                    pg.rank()
+                );
+                return Err(DistError::Invalid { rank: pg.rank(), op: "sync_gradients".into(), detail });
+            }
+        }
+        offset += numel;
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! The finished DDP library: everything the chapters build, written once, as
+//! the training run and the examples use it. It imports nothing from the
+//! chapters; the chapters are lessons over it (see `docs/architecture.md`).
+//!
+//! | piece | file | chapter |
+//! | --- | --- | --- |
+//! | replica checks: [`check_same_structure`], [`verify_replicas`] | `replicas.rs` | 2 |
+//! | the wrapper core every stage shares: [`Replicated`] | `replicated.rs` | 2 |
+//! | one all-reduce per parameter: [`naive::sync_gradients`] | `naive.rs` | 3 |
+//! | the `no_sync` switch and guard: [`SyncSwitch`], [`NoSyncGuard`] | `no_sync.rs` | 4 |
+//! | batch arithmetic: [`micro_batch_size`], [`split_micro_batches`] | `batch.rs` | 4 |
+//! | bucket layouts: [`plan_buckets`], [`Bucket`], [`BucketCaps`] | `layout.rs` | 5 |
+//! | the bucketed sync: [`GradientBuckets`], [`sync_bucket`] | `bucketed.rs` | 5 |
+//! | the sampler: [`DistributedSampler`], [`shard_indices`] | `sampler.rs` | 6 |
+//! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 6 |
+//! | one optimizer step with accumulation: [`train_step`] | `step.rs` | 6 |
+//!
+//! ```no_run
+//! use ddp_workbook::ddp::SimpleDistributedDataParallelism;
+//! use ddp_workbook::dist::spawn;
+//! use ddp_workbook::models::Mlp;
+//! use ddp_workbook::tch::{Kind, Reduction, Tensor};
+//!
+//! spawn(2, |pg| {
+//!     let (vs, mlp) = Mlp::seeded(0, &[4, 8, 1], Kind::Float); // the same seed on every rank
+//!     let ddp = SimpleDistributedDataParallelism::new(mlp, &vs, pg)?; // checks the replicas
+//!     let (x, y) = (Tensor::ones([2, 4], (Kind::Float, vs.device())), Tensor::zeros([2, 1], (Kind::Float, vs.device())));
+//!     let loss = ddp.forward(&x).mse_loss(&y, Reduction::Mean);
+//!     ddp.backward(&loss)?; // the gradients are now averaged over both ranks
+//!     Ok(())
+//! })
+//! .unwrap();
+//! ```
+
+mod batch;
+mod bucketed;
+mod layout;
+pub mod naive;
+mod no_sync;
+mod replicas;
+mod replicated;
+mod sampler;
+mod step;
+mod wrapper;
+
+pub use batch::{check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError};
+pub use bucketed::{sync_bucket, BucketingError, GradientBuckets, PlanBuckets, SyncBucket};
+pub use layout::{
+    check_plan, layout_fingerprint, plan_buckets, Bucket, BucketCaps, ParamMeta, DEFAULT_BUCKET_CAP_BYTES,
+    DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
+};
+pub use no_sync::{BeginNoSync, NoSyncGuard, SyncSwitch};
+pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, Named, ReplicaCheck};
+pub use replicated::Replicated;
+pub use sampler::{permutation, rows, samples_per_rank, shard_indices, DistributedSampler, SamplerError};
+pub use step::train_step;
+pub use wrapper::SimpleDistributedDataParallelism;

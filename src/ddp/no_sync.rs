@@ -1,0 +1,78 @@
+//! The `no_sync` switch: while a scope is open, `backward` only accumulates
+//! gradients on this rank and sends nothing (PyTorch's
+//! `require_backward_grad_sync` and `DistributedDataParallel.no_sync()`).
+//! Chapter 4 of the book builds the opening step; this is the switch and
+//! the guard that every wrapper uses.
+//!
+//! Tested by `cargo test --test chapter_04`.
+
+use std::cell::Cell;
+
+/// Whether `backward` averages the gradients over the ranks. A `Cell`, so
+/// that a guard holding only `&self` can flip it while `forward` and
+/// `backward`, which also take `&self`, stay callable inside its scope.
+#[derive(Debug)]
+pub struct SyncSwitch {
+    require_backward_grad_sync: Cell<bool>,
+}
+
+/// How a scope turns the switch off: it returns the state the switch had, for
+/// the guard to put back. The library's is `|switch| switch.replace(false)`;
+/// chapter 4's `begin_no_sync` is the learner's.
+pub type BeginNoSync = fn(&Cell<bool>) -> bool;
+
+impl SyncSwitch {
+    /// A switch that starts on: every `backward` syncs.
+    pub fn new() -> Self {
+        SyncSwitch { require_backward_grad_sync: Cell::new(true) }
+    }
+
+    /// Whether the next `backward` will average the gradients.
+    pub fn is_on(&self) -> bool {
+        self.require_backward_grad_sync.get()
+    }
+
+    /// Sets the switch by hand (the "explicit flag" style). Prefer
+    /// [`no_sync`](Self::no_sync), which cannot forget to turn it back on.
+    pub fn set(&self, on: bool) {
+        self.require_backward_grad_sync.set(on);
+    }
+
+    /// Opens a `no_sync` scope: the switch is off until the guard is dropped,
+    /// then back to what it was (also on `?` and on panic, and when nested).
+    pub fn no_sync(&self) -> NoSyncGuard<'_> {
+        self.no_sync_with(|switch| switch.replace(false))
+    }
+
+    /// [`no_sync`](Self::no_sync), turning the switch off with `begin`.
+    pub fn no_sync_with(&self, begin: BeginNoSync) -> NoSyncGuard<'_> {
+        let previous = begin(&self.require_backward_grad_sync);
+        NoSyncGuard { switch: &self.require_backward_grad_sync, previous }
+    }
+}
+
+impl Default for SyncSwitch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// ANCHOR: guard
+/// An open `no_sync` scope. While it lives, `backward` only accumulates;
+/// dropping it puts the switch back to the state it found.
+#[must_use = "the no_sync scope ends when the guard is dropped: bind it with `let _guard = ddp.no_sync();`"]
+pub struct NoSyncGuard<'a> {
+    switch: &'a Cell<bool>,
+    /// The switch's state when this guard turned it off.
+    previous: bool,
+}
+
+impl Drop for NoSyncGuard<'_> {
+    fn drop(&mut self) {
+        // Runs on every way out of the scope: the end of the block, `return`
+        // or `?`, and a panic unwinding through it. Only a `Cell::set` here:
+        // a panic inside `drop` while a panic unwinds aborts the process.
+        self.switch.set(self.previous);
+    }
+}
+// ANCHOR_END: guard

@@ -1,0 +1,169 @@
+//! Identical replicas: before DDP trains anything, every rank must hold
+//! exactly the same model. [`check_same_structure`] proves that the ranks hold
+//! the same list of tensors (names, dtypes, shapes); [`verify_replicas`]
+//! proves that their values are bitwise rank 0's. Chapter 2 of the book
+//! builds `verify_replicas`; this is the reference the library runs.
+//!
+//! Tested by `cargo test --test chapter_02`.
+
+use tch::{nn, Tensor};
+
+use crate::check::max_abs_diff;
+use crate::dist::{DistError, ProcessGroup};
+use crate::fingerprint::fnv1a;
+use crate::models::{named_buffers, named_parameters};
+
+/// Named tensors in a fixed order, as `named_parameters` lists them.
+pub type Named = Vec<(String, Tensor)>;
+
+// ANCHOR: init_error
+/// Why the replicas could not be wrapped. Every rank returns the same error,
+/// at the same tensor, so that no rank goes on training alone.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// A tensor's values differ between rank 0 and `differing_ranks`.
+    #[error(
+        "the replicas differ at construction: `{parameter}` on rank(s) {differing_ranks:?} \
+         differs from rank 0's copy by up to {max_abs_diff:.3e} (largest absolute difference). \
+         Every rank must start from the same weights: set the same seed on every rank before \
+         building the model, e.g. `Mlp::seeded(seed, ..)` or \
+         `ddp_workbook::with_seed(seed, || build_your_model())`, or broadcast rank 0's weights \
+         to every rank before wrapping the model. Do not change the model (or its buffers) on \
+         one rank only."
+    )]
+    ReplicaMismatch { parameter: String, max_abs_diff: f64, differing_ranks: Vec<usize> },
+
+    /// A collective failed while comparing, most often because the ranks do
+    /// not hold models of the same structure.
+    #[error("{}", describe_dist_error(.0))]
+    Dist(DistError),
+}
+// ANCHOR_END: init_error
+
+// Not `#[from]`: that would also make the DistError the error's `source`, and
+// `{:#}` would print its message twice.
+impl From<DistError> for InitError {
+    fn from(error: DistError) -> Self {
+        InitError::Dist(error)
+    }
+}
+
+fn describe_dist_error(error: &DistError) -> String {
+    match error {
+        DistError::Mismatch { .. } => format!(
+            "the replicas cannot be compared because the models differ in structure: {error}. \
+             Build the model the same way on every rank (same layers, same sizes, same dtype) \
+             and do not add, remove or resize a layer on one rank only."
+        ),
+        _ => format!("a collective failed while comparing the replicas: {error}"),
+    }
+}
+
+/// A fingerprint of a tensor's name, dtype and shape: the same on every rank
+/// and every run.
+fn structure_fingerprint(name: &str, tensor: &Tensor) -> i64 {
+    fnv1a(&format!("{name}|{:?}|{:?}", tensor.kind(), tensor.size()))
+}
+
+// ANCHOR: structure
+/// Checks, before any value is compared, that every rank holds the same list
+/// of tensors: the same count, and at each position the same name, dtype and
+/// shape. Without it, a rank with an extra layer would pair its tensors with
+/// the wrong tensors of its peers, or wait for a call its peers never make.
+/// Every rank sees every rank's answer, so all of them fail together.
+pub fn check_same_structure(
+    pg: &dyn ProcessGroup,
+    named: &[(String, Tensor)],
+    what: &str,
+) -> Result<(), InitError> {
+    let mismatch =
+        |detail: String| DistError::Mismatch { rank: pg.rank(), op: format!("the list of {what}"), detail };
+    let counts = pg.all_gather(&Tensor::from(named.len() as i64))?; // world_size x []
+    let counts: Vec<i64> = counts.iter().map(|c| c.int64_value(&[])).collect();
+    if counts.iter().any(|&c| c != counts[0]) {
+        let detail = format!("the ranks hold different numbers of {what}: {counts:?} (in rank order)");
+        return Err(mismatch(detail).into());
+    }
+    if named.is_empty() {
+        return Ok(());
+    }
+    let mine: Vec<i64> = named.iter().map(|(name, t)| structure_fingerprint(name, t)).collect();
+    let all = pg.all_gather(&Tensor::from_slice(&mine))?; // world_size x [count]
+    let all: Vec<Vec<i64>> =
+        all.iter().map(Vec::<i64>::try_from).collect::<Result<_, _>>().map_err(|source| {
+            DistError::Torch { rank: pg.rank(), op: format!("comparing {what}"), source }
+        })?;
+    for (i, (name, tensor)) in named.iter().enumerate() {
+        let differing: Vec<usize> = (0..all.len()).filter(|&r| all[r][i] != mine[i]).collect();
+        if !differing.is_empty() {
+            let detail = format!(
+                "{} #{i} is `{name}` {:?}{:?} on rank {}, but not on rank(s) {differing:?} \
+                 (they have a different name, dtype or shape there)",
+                what.trim_end_matches('s'), // "parameter #2"
+                tensor.kind(),
+                tensor.size(),
+                pg.rank()
+            );
+            return Err(mismatch(detail).into());
+        }
+    }
+    Ok(())
+}
+// ANCHOR_END: structure
+
+// ANCHOR: verify_replicas
+/// Compares each tensor of `named` with rank 0's copy. Returns
+/// [`InitError::ReplicaMismatch`] on every rank, at the first tensor where any
+/// rank differs; leaves every tensor unchanged.
+pub fn verify_replicas(pg: &dyn ProcessGroup, named: &[(String, Tensor)]) -> Result<(), InitError> {
+    for (name, tensor) in named {
+        // Receive rank 0's values into a copy: overwriting our own tensor
+        // first would make every comparison pass (and change the model).
+        let mut rank0_copy = tensor.detach().copy();
+        pg.broadcast(&mut rank0_copy, 0)?;
+        let my_diff = max_abs_diff(tensor, &rank0_copy);
+
+        // One rank alone must not decide: if rank 1 returned an error while
+        // rank 2 went on to the next tensor, rank 2 would wait for a peer
+        // that never comes. So every rank learns every rank's difference and
+        // all of them take the same decision.
+        let diffs = pg.all_gather(&Tensor::from(my_diff))?; // world_size x []
+        let diffs: Vec<f64> = diffs.iter().map(|d| d.double_value(&[])).collect();
+        let differing_ranks: Vec<usize> = (0..diffs.len()).filter(|&r| diffs[r] != 0.0).collect();
+        if !differing_ranks.is_empty() {
+            // The largest difference; NaN (a NaN weight) wins so that it shows.
+            let largest =
+                diffs
+                    .iter()
+                    .fold(0.0_f64, |a, &d| if a.is_nan() || d.is_nan() { f64::NAN } else { a.max(d) });
+            return Err(InitError::ReplicaMismatch {
+                parameter: name.clone(),
+                max_abs_diff: largest,
+                differing_ranks,
+            });
+        }
+    }
+    Ok(())
+}
+// ANCHOR_END: verify_replicas
+
+/// How a wrapper compares the replicas' values: [`verify_replicas`], or a
+/// learner's own version of it (chapter 2).
+pub type ReplicaCheck = fn(&dyn ProcessGroup, &[(String, Tensor)]) -> Result<(), InitError>;
+
+/// The parameters (registration order) and buffers (by name) of `vs`, once
+/// [`check_same_structure`] and `check` have shown that every rank holds
+/// bitwise the same ones.
+pub fn verified_tensors(
+    vs: &nn::VarStore,
+    pg: &dyn ProcessGroup,
+    check: ReplicaCheck,
+) -> Result<(Named, Named), InitError> {
+    let parameters = named_parameters(vs);
+    let buffers = named_buffers(vs);
+    check_same_structure(pg, &parameters, "parameters")?;
+    check(pg, &parameters)?;
+    check_same_structure(pg, &buffers, "buffers")?;
+    check(pg, &buffers)?;
+    Ok((parameters, buffers))
+}

@@ -1,0 +1,116 @@
+//! The core every DDP wrapper shares: a model replicated on every rank of a
+//! process group, checked at construction, with its tensors listed in a
+//! fixed order. The wrappers (the library's
+//! [`SimpleDistributedDataParallelism`](super::SimpleDistributedDataParallelism)
+//! and the chapters' stages) hold one and add only their own methods; they
+//! reach its accessors through `Deref`.
+//!
+//! Tested by `cargo test --test chapter_02` and every later chapter test.
+
+use tch::nn::{self, Module};
+use tch::Tensor;
+
+use super::replicas::{verified_tensors, verify_replicas, InitError, ReplicaCheck};
+use crate::dist::{CommStats, DistError, Group, ReduceOp};
+
+// ANCHOR: replicated
+/// A model replicated on every rank of a process group. It owns the model
+/// and remembers its tensors in a fixed order, the same on every rank.
+pub struct Replicated<M: Module> {
+    module: M,
+    /// Trainable tensors, in registration order (shallow handles: they share
+    /// storage, and `.grad()`, with the model).
+    parameters: Vec<(String, Tensor)>,
+    /// Non-trainable tensors (buffers), sorted by name.
+    buffers: Vec<(String, Tensor)>,
+    process_group: Group,
+}
+
+impl<M: Module> Replicated<M> {
+    /// Wraps `module`, whose variables live in `vs`, after checking that every
+    /// rank of `pg` holds bitwise the same parameters and buffers. Every rank
+    /// must call it (it runs collectives); on a mismatch every rank gets the
+    /// same error.
+    pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, InitError> {
+        Self::with_replica_check(module, vs, pg, verify_replicas)
+    }
+
+    /// [`new`](Self::new), comparing the values with `check` instead of the
+    /// library's [`verify_replicas`] (chapter 2 passes the learner's).
+    pub fn with_replica_check(
+        module: M,
+        vs: &nn::VarStore,
+        pg: Group,
+        check: ReplicaCheck,
+    ) -> Result<Self, InitError> {
+        let (parameters, buffers) = verified_tensors(vs, pg.as_ref(), check)?;
+        Ok(Replicated { module, parameters, buffers, process_group: pg })
+    }
+
+    /// Runs the wrapped model: the forward pass needs no communication.
+    pub fn forward(&self, xs: &Tensor) -> Tensor {
+        self.module.forward(xs)
+    }
+}
+// ANCHOR_END: replicated
+
+impl<M: Module> Replicated<M> {
+    /// The wrapped model. Save ITS weights (the `VarStore` you built it
+    /// from), on rank 0 only: they are the same on every rank.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// Unwraps the model, e.g. to evaluate it alone after training.
+    pub fn into_module(self) -> M {
+        self.module
+    }
+
+    pub fn process_group(&self) -> &Group {
+        &self.process_group
+    }
+
+    pub fn rank(&self) -> usize {
+        self.process_group.rank()
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.process_group.world_size()
+    }
+
+    /// The trainable tensors, in registration order.
+    pub fn parameters(&self) -> &[(String, Tensor)] {
+        &self.parameters
+    }
+
+    /// The non-trainable tensors, sorted by name.
+    pub fn buffers(&self) -> &[(String, Tensor)] {
+        &self.buffers
+    }
+
+    /// What this rank has sent through the process group so far (every
+    /// call, construction's checks included).
+    pub fn stats(&self) -> CommStats {
+        self.process_group.stats()
+    }
+
+    /// The mean of `value` over all ranks, for logging: each rank's loss is
+    /// the loss of its own shard; this is the global batch's. Every rank must
+    /// call it (one all-reduce).
+    pub fn mean_over_ranks(&self, value: f64) -> Result<f64, DistError> {
+        let mut value = Tensor::from(value); // [] f64
+        self.process_group.all_reduce(&mut value, ReduceOp::Sum)?;
+        Ok(value.double_value(&[]) / self.world_size() as f64)
+    }
+
+    /// Runs `loss.backward()`, which ADDS this loss's gradients to every
+    /// parameter's `.grad`. A loss that is not a scalar, or has no gradient,
+    /// becomes an error that names this rank instead of a panic in libtorch.
+    pub fn backward_local(&self, loss: &Tensor) -> Result<(), DistError> {
+        loss.f_backward().map_err(|source| DistError::Torch {
+            rank: self.rank(),
+            op: "loss.backward()".to_string(),
+            source,
+        })
+    }
+}
