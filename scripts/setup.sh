@@ -26,7 +26,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 
 # The versions this project is built for. tch 0.24 is made for libtorch
-# 2.11.0 exactly (see DESIGN.md); keep these in step with Cargo.toml.
+# 2.11.0 exactly (see docs/decisions.md); keep these in step with Cargo.toml.
 TORCH_VERSION="2.11.0"
 MDBOOK_VERSION="0.5.4"
 MIN_CARGO_MINOR=94    # cargo 1.94: `include` in .cargo/config.toml

@@ -215,7 +215,7 @@ fn a_parameter_without_gradient_sends_zeros_and_keeps_no_gradient() {
 fn a_parameter_used_on_one_rank_only_is_an_error_not_a_silent_drift() {
     let result = spawn(2, |pg| {
         let (vs, model) = mlp_with_unused();
-        let ddp = BucketedDdp::new(model, &vs, pg)?;
+        let ddp = BucketedDdp::with_bucket_caps(model, &vs, pg, BucketCaps::default())?;
         let rank = ddp.rank() as i64;
         let unused =
             ddp.parameters().iter().find(|(n, _)| n == "unused").expect("the model has it").1.shallow_clone();

@@ -62,11 +62,8 @@ impl<M: Module> AccumulatingDdp<M> {
     /// sync switch is on. Inside a `no_sync` scope it only accumulates, on
     /// this rank, and sends nothing.
     pub fn backward(&self, loss: &Tensor) -> Result<(), DistError> {
-        self.backward_local(loss)?;
-        if self.switch.is_on() {
-            self.sync_gradients()?;
-        }
-        Ok(())
+        self.backward_local(loss)?; // adds to .grad
+        self.switch.sync_if_on(|| self.sync_gradients())
     }
     // ANCHOR_END: backward
 

@@ -51,14 +51,9 @@ pub struct BucketedDdp<M: Module> {
 }
 
 impl<M: Module> BucketedDdp<M> {
-    /// Wraps `module` with PyTorch's default caps: 1 MiB for the first bucket
-    /// of each dtype and device, 25 MiB for the others.
-    pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, BucketingError> {
-        Self::with_bucket_caps(module, vs, pg, BucketCaps::default())
-    }
-
     /// Wraps `module` after the replica check, and plans its buckets with
-    /// YOUR `learner::plan_buckets` and these caps. Every rank must call it
+    /// YOUR `learner::plan_buckets` and these caps (`BucketCaps::default()`
+    /// are PyTorch's: 1 MiB for the first bucket, 25 MiB for the others). Every rank must call it
     /// with the same caps: the library checks that all planned the same layout.
     pub fn with_bucket_caps(
         module: M,

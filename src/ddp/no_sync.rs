@@ -8,6 +8,8 @@
 
 use std::cell::Cell;
 
+use crate::dist::DistError;
+
 /// Whether `backward` averages the gradients over the ranks. A `Cell`, so
 /// that a guard holding only `&self` can flip it while `forward` and
 /// `backward`, which also take `&self`, stay callable inside its scope.
@@ -30,6 +32,15 @@ impl SyncSwitch {
     /// Whether the next `backward` will average the gradients.
     pub fn is_on(&self) -> bool {
         self.require_backward_grad_sync.get()
+    }
+
+    /// Runs `sync` if the switch is on, and nothing if a `no_sync` scope is
+    /// open: what `backward` does after the local backward pass.
+    pub fn sync_if_on(&self, sync: impl FnOnce() -> Result<(), DistError>) -> Result<(), DistError> {
+        if self.is_on() {
+            sync()?;
+        }
+        Ok(())
     }
 
     /// Sets the switch by hand (the "explicit flag" style). Prefer

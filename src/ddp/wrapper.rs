@@ -71,11 +71,8 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// parameter's `.grad`; then, unless a `no_sync` scope is open, averages
     /// the gradients over all ranks, bucket by bucket.
     pub fn backward(&self, loss: &Tensor) -> Result<(), DistError> {
-        self.backward_local(loss)?;
-        if self.switch.is_on() {
-            self.sync_gradients()?;
-        }
-        Ok(())
+        self.backward_local(loss)?; // adds to .grad
+        self.switch.sync_if_on(|| self.sync_gradients())
     }
 
     /// Averages every gradient over all ranks, one all-reduce per bucket, and
