@@ -26,6 +26,22 @@ pub fn snapshot(named: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
     tch::no_grad(|| named.iter().map(|(name, t)| (name.clone(), t.detach().copy())).collect())
 }
 
+/// Whether two tensors hold the same dtype, shape and bits: what "bitwise
+/// the same" means. Unlike comparing values, -0.0 and +0.0 differ, and a NaN
+/// equals an identical NaN.
+pub fn same_bits(a: &Tensor, b: &Tensor) -> bool {
+    a.kind() == b.kind() && a.size() == b.size() && tensor_bytes(a) == tensor_bytes(b)
+}
+
+/// A tensor's raw bytes, in row-major order.
+pub fn tensor_bytes(tensor: &Tensor) -> Vec<u8> {
+    let tensor = tensor.contiguous();
+    let numel = tensor.numel();
+    let mut bytes = vec![0u8; numel * tensor.kind().elt_size_in_bytes()];
+    tensor.copy_data_u8(&mut bytes, numel);
+    bytes
+}
+
 /// The largest absolute difference between two tensors of the same shape,
 /// computed in f64. Returns infinity when the shapes differ and NaN when
 /// either tensor holds a NaN, so that neither can pass as "close".

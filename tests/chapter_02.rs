@@ -150,6 +150,36 @@ fn a_buffer_that_differs_on_one_rank_is_caught_and_named() {
 }
 
 #[test]
+fn bits_decide_minus_zero_is_not_plus_zero_and_an_identical_nan_is_the_same() {
+    // "Bitwise the same" is about bits, not values: -0.0 == +0.0 as numbers,
+    // and NaN != NaN, so a comparison of values gets both cases wrong.
+    let (verdicts, _) = run(2, |pg| {
+        let rank = pg.rank();
+        let zero = if rank == 1 { -0.0 } else { 0.0 };
+        let signed_zero = vec![("w".to_string(), Tensor::from_slice(&[1.0, zero]))];
+        let same_nan = vec![("w".to_string(), Tensor::from_slice(&[f64::NAN, 2.0]))];
+        let on_zero = learner::verify_replicas(pg.as_ref(), &signed_zero).err().map(|e| e.to_string());
+        let on_nan = learner::verify_replicas(pg.as_ref(), &same_nan).err().map(|e| e.to_string());
+        Ok((on_zero, on_nan))
+    });
+    for (rank, (on_zero, on_nan)) in verdicts.iter().enumerate() {
+        let message = on_zero.as_deref().unwrap_or_else(|| {
+            panic!(
+                "rank {rank}: your verify_replicas passed +0.0 on rank 0 against -0.0 on rank 1; the \
+                 chapter expects a ReplicaMismatch, because the replicas must be bitwise the same \
+                 (decide with check::same_bits, not by the size of the difference)"
+            )
+        });
+        assert!(message.contains("rank(s) [1]"), "rank {rank}: the message must name rank 1: {message}");
+        assert!(
+            on_nan.is_none(),
+            "rank {rank}: your verify_replicas refused bitwise-identical NaN weights: {on_nan:?}; the \
+             chapter expects them to pass, since their bits are the same (decide with check::same_bits)"
+        );
+    }
+}
+
+#[test]
 fn a_model_changed_on_one_rank_is_a_clear_error_on_every_rank_not_a_hang() {
     // (what changes on rank 1, its sizes, its dtype, what every rank's message
     // must say, what rank 1's message must say about its own model)

@@ -8,7 +8,8 @@
 //! - `failures.rs`: panics, errors, early exits, skipped calls, mismatches;
 //! - `stats_and_grads.rs`: call counters; parameters and their gradients;
 //! - `invalid.rs`: bad arguments, and `DDP_TIMEOUT_SECS`;
-//! - `groups.rs`: sub-groups made with `new_group`.
+//! - `groups.rs`: sub-groups made with `new_group`;
+//! - `tags.rs`: same-shaped calls in another order, untagged and tagged.
 //!
 //! No test can hang: every `spawn` here has an explicit timeout.
 
@@ -24,6 +25,8 @@ mod groups;
 mod invalid;
 #[path = "dist/stats_and_grads.rs"]
 mod stats_and_grads;
+#[path = "dist/tags.rs"]
+mod tags;
 
 use std::fmt::Debug;
 use std::time::Duration;

@@ -23,10 +23,12 @@ pub fn verify_replicas(pg: &dyn ProcessGroup, named: &[(String, Tensor)]) -> Res
     //   1. make a copy, `tensor.detach().copy()`, and broadcast rank 0's values
     //      into it (`pg.broadcast(&mut copy, 0)?`). Do not broadcast into
     //      `tensor` itself: you would overwrite what you want to compare.
-    //   2. this rank's difference: `crate::check::max_abs_diff(tensor, &copy)`.
-    //   3. share it: `pg.all_gather(&Tensor::from(diff))?` gives every rank
-    //      every rank's difference (read one with `.double_value(&[])`).
-    //   4. if any rank's difference is not 0, return
+    //   2. this rank's verdict: the bits decide, `crate::check::same_bits(tensor, &copy)`
+    //      (-0.0 is not +0.0, and a NaN equals an identical NaN), and the
+    //      message shows the largest difference, `crate::check::max_abs_diff(tensor, &copy)`.
+    //   3. share both: `pg.all_gather(&Tensor::from_slice(&[differs, diff]))?` gives
+    //      every rank every rank's pair (read one with `.double_value(&[i])`).
+    //   4. if any rank differs, return
     //      `Err(InitError::ReplicaMismatch { parameter, max_abs_diff, differing_ranks })`
     //      with the tensor's name, the largest difference and the ranks that differ.
     // Every rank takes the same decision from the same gathered numbers, so

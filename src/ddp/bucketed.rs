@@ -8,7 +8,7 @@ use tch::Tensor;
 
 use super::layout::{self, plan_buckets, Bucket, BucketCaps, ParamMeta};
 use super::replicas::InitError;
-use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp};
+use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp};
 
 /// Why a model could not be wrapped with buckets.
 #[derive(Debug, thiserror::Error)]
@@ -106,11 +106,12 @@ impl GradientBuckets {
         params: &[(String, Tensor)],
         sync: SyncBucket,
     ) -> Result<(), DistError> {
-        for (bucket, buffer) in self.layout.iter().zip(&self.buffers) {
+        for (index, (bucket, buffer)) in self.layout.iter().zip(&self.buffers).enumerate() {
             // A second handle on the same storage: the sync needs `&mut`, and
             // `&self` is what lets backward run inside a no_sync scope.
             let mut buffer = buffer.shallow_clone();
-            sync(pg, bucket, &mut buffer, params)?;
+            // Named, so that ranks whose buckets pair up wrongly get an error.
+            tagged(format!("bucket {index}"), || sync(pg, bucket, &mut buffer, params))?;
             check_missing_gradients(pg, bucket, &buffer, params)?;
         }
         Ok(())

@@ -7,7 +7,7 @@
 
 use tch::Tensor;
 
-use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp};
+use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp};
 
 // ANCHOR: sync_gradients
 /// Replaces each parameter's gradient, on every rank, by the mean of that
@@ -31,7 +31,9 @@ pub fn sync_gradients(pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Res
         // same numbers; we keep the two steps visible, and SUM is the
         // reduction every backend offers (torch.distributed has AVG only on
         // NCCL).
-        pg.all_reduce(&mut grad, ReduceOp::Sum)?;
+        // The tag names the call, so that ranks walking their parameters in
+        // different orders get an error instead of sums of unrelated gradients.
+        tagged(format!("gradient of `{name}`"), || pg.all_reduce(&mut grad, ReduceOp::Sum))?;
         // In place; the returned handle on `grad` is not needed.
         let _ = tch::no_grad(|| grad.f_div_scalar_(world_size))
             .map_err(torch_error(pg, format!("dividing the gradient of `{name}` by the world size")))?;

@@ -8,7 +8,7 @@
 
 use tch::{nn, Tensor};
 
-use crate::check::max_abs_diff;
+use crate::check::{max_abs_diff, same_bits};
 use crate::dist::{DistError, ProcessGroup};
 use crate::fingerprint::fnv1a;
 use crate::models::{named_buffers, named_parameters};
@@ -24,7 +24,8 @@ pub enum InitError {
     /// A tensor's values differ between rank 0 and `differing_ranks`.
     #[error(
         "the replicas differ at construction: `{parameter}` on rank(s) {differing_ranks:?} \
-         differs from rank 0's copy by up to {max_abs_diff:.3e} (largest absolute difference). \
+         differs from rank 0's copy by up to {max_abs_diff:.3e} (largest absolute difference; 0 \
+         means equal values with other bits, such as -0.0 against +0.0). \
          Every rank must start from the same weights: set the same seed on every rank before \
          building the model, e.g. `Mlp::seeded(seed, ..)` or \
          `ddp_workbook::with_seed(seed, || build_your_model())`, or broadcast rank 0's weights \
@@ -121,21 +122,27 @@ pub fn verify_replicas(pg: &dyn ProcessGroup, named: &[(String, Tensor)]) -> Res
         // first would make every comparison pass (and change the model).
         let mut rank0_copy = tensor.detach().copy();
         pg.broadcast(&mut rank0_copy, 0)?;
-        let my_diff = max_abs_diff(tensor, &rank0_copy);
+        // Bits decide (-0.0 is not +0.0; an identical NaN is the same); the
+        // largest difference in value is what the message shows.
+        let differs = if same_bits(tensor, &rank0_copy) { 0.0 } else { 1.0 };
+        let mine = Tensor::from_slice(&[differs, max_abs_diff(tensor, &rank0_copy)]); // [2]
 
         // One rank alone must not decide: if rank 1 returned an error while
         // rank 2 went on to the next tensor, rank 2 would wait for a peer
-        // that never comes. So every rank learns every rank's difference and
+        // that never comes. So every rank learns every rank's verdict and
         // all of them take the same decision.
-        let diffs = pg.all_gather(&Tensor::from(my_diff))?; // world_size x []
-        let diffs: Vec<f64> = diffs.iter().map(|d| d.double_value(&[])).collect();
-        let differing_ranks: Vec<usize> = (0..diffs.len()).filter(|&r| diffs[r] != 0.0).collect();
+        let all = pg.all_gather(&mine)?; // world_size x [2]
+        let all: Vec<(f64, f64)> = all.iter().map(|t| (t.double_value(&[0]), t.double_value(&[1]))).collect();
+        let differing_ranks: Vec<usize> = (0..all.len()).filter(|&r| all[r].0 != 0.0).collect();
         if !differing_ranks.is_empty() {
             // The largest difference; NaN (a NaN weight) wins so that it shows.
-            let largest =
-                diffs
-                    .iter()
-                    .fold(0.0_f64, |a, &d| if a.is_nan() || d.is_nan() { f64::NAN } else { a.max(d) });
+            let largest = differing_ranks.iter().map(|&r| all[r].1).fold(0.0_f64, |a, d| {
+                if a.is_nan() || d.is_nan() {
+                    f64::NAN
+                } else {
+                    a.max(d)
+                }
+            });
             return Err(InitError::ReplicaMismatch {
                 parameter: name.clone(),
                 max_abs_diff: largest,

@@ -18,7 +18,7 @@ use super::bucketed::{BucketingError, GradientBuckets};
 use super::layout::{Bucket, BucketCaps};
 use super::no_sync::{NoSyncGuard, SyncSwitch};
 use super::replicated::Replicated;
-use crate::dist::{DistError, Group};
+use crate::dist::{tagged, DistError, Group};
 
 // ANCHOR: wrapper
 /// A model replicated on every rank of a process group, with everything the
@@ -31,6 +31,9 @@ pub struct SimpleDistributedDataParallelism<M: Module> {
     replicated: Replicated<M>,
     buckets: GradientBuckets,
     switch: SyncSwitch,
+    /// Backward passes since the last sync. It names each sync, so that a
+    /// rank that opened `no_sync` where its peers did not is caught at once.
+    backwards_since_sync: Cell<u64>,
     /// Wall time spent in gradient syncs, and how many there were.
     sync_time: Cell<Duration>,
     syncs: Cell<u64>,
@@ -61,6 +64,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
             replicated,
             buckets,
             switch: SyncSwitch::new(),
+            backwards_since_sync: Cell::new(0),
             sync_time: Cell::new(Duration::ZERO),
             syncs: Cell::new(0),
         })
@@ -72,6 +76,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// the gradients over all ranks, bucket by bucket.
     pub fn backward(&self, loss: &Tensor) -> Result<(), DistError> {
         self.backward_local(loss)?; // adds to .grad
+        self.backwards_since_sync.set(self.backwards_since_sync.get() + 1);
         self.switch.sync_if_on(|| self.sync_gradients())
     }
 
@@ -81,7 +86,11 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// yourself.
     pub fn sync_gradients(&self) -> Result<(), DistError> {
         let started = Instant::now();
-        self.buckets.sync(self.process_group().as_ref(), self.parameters())?;
+        // Every rank must have run as many backward passes since its last
+        // sync; the tag makes the in-process backend compare the counts.
+        let passes = self.backwards_since_sync.replace(0);
+        let tag = format!("gradient sync after {passes} backward pass(es)");
+        tagged(tag, || self.buckets.sync(self.process_group().as_ref(), self.parameters()))?;
         self.sync_time.set(self.sync_time.get() + started.elapsed());
         self.syncs.set(self.syncs.get() + 1);
         Ok(())

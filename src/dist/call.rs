@@ -27,6 +27,8 @@ pub(crate) struct Call {
     pub op: Op,
     pub shape: Vec<i64>,
     pub kind: Option<Kind>,
+    /// The caller's name for the call (see `tag.rs`), compared like the shape.
+    pub tag: Option<String>,
 }
 
 impl std::fmt::Display for Call {
@@ -39,8 +41,11 @@ impl std::fmt::Display for Call {
             Op::Barrier => write!(f, "barrier")?,
             Op::NewGroup(ranks) => write!(f, "new_group({ranks:?})")?,
         }
-        match self.kind {
-            Some(kind) => write!(f, " of {kind:?}{:?}", self.shape),
+        if let Some(kind) = self.kind {
+            write!(f, " of {kind:?}{:?}", self.shape)?;
+        }
+        match &self.tag {
+            Some(tag) => write!(f, " tagged {tag:?}"),
             None => Ok(()),
         }
     }

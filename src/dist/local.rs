@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use tch::{Kind, Tensor};
 
 use super::call::{Call, Op};
+use super::tag::current_tag;
 use super::world::World;
 use super::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 
@@ -57,8 +58,12 @@ impl LocalProcessGroup {
     /// error messages ("all_reduce(sum) of Float[4] (call #3 of sub-group [2, 3])").
     fn start(&self, op: Op, tensor: Option<&Tensor>, input: Option<Tensor>) -> (u64, String) {
         let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
-        let call =
-            Call { op, shape: tensor.map(Tensor::size).unwrap_or_default(), kind: tensor.map(Tensor::kind) };
+        let call = Call {
+            op,
+            shape: tensor.map(Tensor::size).unwrap_or_default(),
+            kind: tensor.map(Tensor::kind),
+            tag: current_tag(),
+        };
         let name = format!("{call} (call #{seq}{})", self.world.label);
         self.world.arrive(self.rank, seq, call, input);
         (seq, name)

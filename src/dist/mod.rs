@@ -9,14 +9,19 @@
 //! - no call blocks forever: each has a timeout, and a rank that panics,
 //!   errors or exits makes its peers' pending and later calls fail promptly
 //!   with a [`DistError`] that names that rank and the operation;
-//! - ranks that disagree (a different operation, shape, dtype or root for the
-//!   same call) get a [`DistError::Mismatch`] instead of a wrong answer;
+//! - ranks that disagree (a different operation, shape, dtype, root or
+//!   [`tagged`] name for the same call) get a [`DistError::Mismatch`] instead
+//!   of a wrong answer. What no backend can catch: untagged calls with the
+//!   same operation, shape and dtype that the ranks make in a different order
+//!   (or one rank skips): they pair up and combine unrelated tensors. Tag the
+//!   calls whose order matters, as the DDP library does;
 //! - reductions are deterministic: every rank receives bitwise the same result.
 
 mod call;
 mod error;
 mod local;
 mod spawn;
+mod tag;
 mod world;
 
 use std::sync::Arc;
@@ -27,6 +32,7 @@ use tch::Tensor;
 pub use error::{torch_error, DistError};
 pub use local::LocalProcessGroup;
 pub use spawn::{parse_timeout_secs, spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
+pub use tag::{current_tag, tagged};
 
 /// A shared handle to a process group, as chapter code holds it.
 pub type Group = Arc<dyn ProcessGroup>;
