@@ -144,3 +144,24 @@ pub fn sum_test_result_lines(output: &str) -> (usize, usize, usize) {
     }
     totals
 }
+
+/// The part of a failed test's output a person needs first: each panic
+/// message (the `panicked at` line and its message, without the backtrace
+/// that RUST_BACKTRACE adds), or else the last lines; at most `max_lines`.
+pub fn failure_excerpt(output: &str, max_lines: usize) -> String {
+    let lines: Vec<&str> = output.lines().collect();
+    let mut excerpt: Vec<&str> = Vec::new();
+    for (index, line) in lines.iter().enumerate().filter(|(_, line)| line.contains("panicked at")) {
+        excerpt.push(line);
+        let message = lines[index + 1..]
+            .iter()
+            .take_while(|line| !line.starts_with("stack backtrace:") && !line.starts_with("note: "))
+            .take_while(|line| !line.contains("panicked at"));
+        excerpt.extend(message);
+    }
+    if excerpt.is_empty() {
+        excerpt = lines[lines.len().saturating_sub(max_lines)..].to_vec();
+    }
+    excerpt.truncate(max_lines);
+    excerpt.join("\n")
+}

@@ -66,7 +66,7 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
             }
         };
         println!("        {} passed, {} failed, {} ignored", tally.passed, tally.failed, tally.ignored);
-        print_failures(&executable, &tally, 40, " --features solutions");
+        print_failures(&executable, &tally, 20, " --features solutions");
         (passed, failed, ignored) = (passed + tally.passed, failed + tally.failed, ignored + tally.ignored);
         if finished.timed_out {
             let detail =
@@ -202,7 +202,7 @@ pub fn teeth(ctx: &Context, report: &mut Report) {
             );
             report.check(&name, Outcome::Fail, &detail);
         } else if !tally.output_contains(&marker) {
-            print_failures(executable, &tally, 30, "");
+            print_failures(executable, &tally, 3, "");
             process::print_last_lines(&tally.other_lines.join("\n"), 30);
             let detail = format!("fails, but never says '{marker}' ({})", describe_end(&finished, &tally));
             report.check(&name, Outcome::Fail, &detail);

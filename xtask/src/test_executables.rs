@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::cargo_json::{BuildOutcome, TestExecutable};
-use crate::libtest_json::{parse_event, SuiteTally, TestEvent};
+use crate::libtest_json::{failure_excerpt, parse_event, SuiteTally, TestEvent};
 use crate::process::{self, Finished, Stream, Streams};
 use crate::Context;
 
@@ -122,16 +122,20 @@ pub fn describe_end(finished: &Finished, tally: &SuiteTally) -> String {
     words
 }
 
-/// Prints each failed test's name and the end of its output, indented, with
-/// the command that runs it again (`extra_args`: `--features solutions`).
-pub fn print_failures(executable: &TestExecutable, tally: &SuiteTally, lines_each: usize, extra_args: &str) {
-    for (name, output) in &tally.failures {
+/// Prints the first `count` failed tests' names and panic messages (the
+/// whole output is in the log), indented, with the command that runs each
+/// again (`extra_args`: ` --features solutions`).
+pub fn print_failures(executable: &TestExecutable, tally: &SuiteTally, count: usize, extra_args: &str) {
+    for (name, output) in tally.failures.iter().take(count) {
         println!("    FAILED  {}  {name}", executable.target_name);
-        for line in process::last_lines(output, lines_each).lines() {
+        for line in failure_excerpt(output, 15).lines() {
             println!("        {line}");
         }
         let selector = executable.cargo_selector();
         println!("        (again: cargo test{extra_args} {selector} -- --exact {name})");
+    }
+    if tally.failures.len() > count {
+        println!("    ... and {} more failed tests (see the log)", tally.failures.len() - count);
     }
 }
 

@@ -1,7 +1,7 @@
 //! xtask/tests/libtest_json.rs: unit tests of the libtest JSON reader and of
 //! the `test result:` line summer. Run: cargo test -p xtask --test libtest_json
 
-use xtask::libtest_json::{parse_event, sum_test_result_lines, SuiteTally, TestEvent};
+use xtask::libtest_json::{failure_excerpt, parse_event, sum_test_result_lines, SuiteTally, TestEvent};
 
 /// What a harness run with `--format json -Z unstable-options` prints:
 /// lines taken from a real run, one test of each outcome, one left running.
@@ -73,4 +73,21 @@ not a result: 99 passed; 99 failed
 ";
     assert_eq!(sum_test_result_lines(output), (13, 2, 1));
     assert_eq!(sum_test_result_lines(""), (0, 0, 0));
+}
+
+#[test]
+fn a_failure_excerpt_keeps_the_panic_message_and_drops_the_backtrace() {
+    let output = "\
+some output first
+thread 'a' (12) panicked at tests/chapter_03.rs:122:29:
+rank 1 panicked: not yet implemented: exercise ch03: sync_gradients
+stack backtrace:
+   0: __rustc::rust_begin_unwind
+note: Some details are omitted
+";
+    assert_eq!(
+        failure_excerpt(output, 15),
+        "thread 'a' (12) panicked at tests/chapter_03.rs:122:29:\nrank 1 panicked: not yet implemented: exercise ch03: sync_gradients"
+    );
+    assert_eq!(failure_excerpt("no panic\nat all\nhere", 2), "at all\nhere");
 }
