@@ -25,7 +25,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// (in-process ranks). Defaults reach the target accuracy in a few minutes
 /// on two CPU cores.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Number of ranks (threads of this process, in-process backend)
     #[arg(long, default_value_t = TrainConfig::default().world_size)]
@@ -90,7 +90,14 @@ impl Args {
     fn config(&self) -> anyhow::Result<TrainConfig> {
         let batch_size = match self.global_batch_size {
             Some(global) => {
-                micro_batch_size(global as i64, self.world_size, self.accum_steps as i64)? as usize
+                // Counts past i64 are refused in words, not wrapped to negative.
+                let as_i64 = |what: &str, n: usize| {
+                    i64::try_from(n)
+                        .map_err(|_| anyhow::anyhow!("{what} {n} is too large (at most {})", i64::MAX))
+                };
+                let (global, steps) =
+                    (as_i64("--global-batch-size", global)?, as_i64("--accum-steps", self.accum_steps)?);
+                micro_batch_size(global, self.world_size, steps)? as usize
             }
             None => self.batch_size,
         };

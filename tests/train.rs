@@ -182,7 +182,11 @@ fn the_checkpoint_holds_rank_0s_weights_and_loads_into_a_fresh_model() {
     let dir = scratch("fresh");
     let path = dir.join("model.safetensors");
     let outcome = run(&TrainConfig { steps: 4, ..small_run(Some(path.clone())) });
-    assert!(!checkpoint::temporary_path(&path).exists(), "the temporary file was left behind");
+    assert_eq!(
+        checkpoint::leftover_temporaries(&path),
+        Vec::<std::path::PathBuf>::new(),
+        "temporary files were left behind"
+    );
 
     // A model with other weights (seed 99), then the checkpoint's.
     let task = TokenTask::standard(0, 1);

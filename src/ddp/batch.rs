@@ -34,6 +34,12 @@ pub enum AccumulationError {
     )]
     UnequalMicroBatches { sizes: Vec<(i64, i64)> },
 
+    #[error(
+        "{what} must be a positive number that fits the arithmetic, got {value}: pass at least 1 \
+         (and a global batch = micro-batch x accumulation steps x world size below 2^63)"
+    )]
+    OutOfRange { what: &'static str, value: String },
+
     #[error("{0}")]
     Dist(DistError),
 }
@@ -82,7 +88,24 @@ pub fn micro_batch_size(
     world_size: usize,
     accumulation_steps: i64,
 ) -> Result<i64, AccumulationError> {
-    let parts = world_size as i64 * accumulation_steps;
+    // Zero ranks, or a product past i64, would divide by zero or wrap
+    // around: refuse them with words instead.
+    if world_size == 0 {
+        return Err(AccumulationError::OutOfRange { what: "the world size", value: "0".into() });
+    }
+    if global_batch < 1 {
+        return Err(AccumulationError::OutOfRange {
+            what: "the global batch",
+            value: global_batch.to_string(),
+        });
+    }
+    let parts = i64::try_from(world_size)
+        .ok()
+        .and_then(|n| n.checked_mul(accumulation_steps.max(1)))
+        .ok_or_else(|| AccumulationError::OutOfRange {
+            what: "world size x accumulation steps",
+            value: format!("{world_size} x {accumulation_steps}"),
+        })?;
     let what =
         || format!("a global batch over {world_size} rank(s) x {accumulation_steps} accumulation step(s)");
     check_split(what, global_batch, parts, accumulation_steps)?;

@@ -26,14 +26,48 @@ pub enum DistError {
     #[error("rank {rank}: invalid {op}: {detail}")]
     Invalid { rank: usize, op: String, detail: String },
 
-    /// libtorch rejected an operation inside the call.
-    #[error("rank {rank}: {op} failed in libtorch: {source}")]
-    Torch {
-        rank: usize,
-        op: String,
-        #[source]
-        source: tch::TchError,
-    },
+    /// libtorch rejected an operation inside the call. The message gives
+    /// libtorch's cause in one line; `source` keeps the whole error (with its
+    /// C++ stack) for a debugger, and is not repeated as the error's source.
+    #[error("rank {rank}: {op} failed in libtorch: {}", cause_in_words(&.source.to_string()))]
+    Torch { rank: usize, op: String, source: tch::TchError },
+}
+
+/// A libtorch or safetensors error message as one line of words: libtorch
+/// appends its C++ stack ("Exception raised from ... frame #0 ..."), tch
+/// prefixes "Internal torch error: ", and safetensors names its error kinds
+/// as code (`MetadataIncompleteBuffer`, `IoError(Os { .. })`).
+pub fn cause_in_words(message: &str) -> String {
+    let first = message.split("\nException raised from").next().unwrap_or(message);
+    let first = first.lines().next().unwrap_or("").trim();
+    let text = first.trim_start_matches("Internal torch error: ").trim();
+    if let Some(start) = text.find("message: \"") {
+        // An I/O error inside safetensors: keep its own words.
+        let rest = &text[start + "message: \"".len()..];
+        let words = rest.split('"').next().unwrap_or(rest);
+        let prefix = text.split("IoError").next().unwrap_or("").trim_end_matches([' ', ':']);
+        return format!("{prefix}: {}", words.to_lowercase()).trim_start_matches(": ").to_string();
+    }
+    const NOT_COMPLETE: [&str; 9] = [
+        "MetadataIncompleteBuffer",
+        "InvalidHeader",
+        "HeaderTooLarge",
+        "HeaderTooSmall",
+        "InvalidHeaderLength",
+        "ValidationOverflow",
+        "InvalidOffset",
+        "TensorInvalidInfo",
+        "InvalidTensorView",
+    ];
+    if let Some(kind) = NOT_COMPLETE.iter().find(|kind| text.contains(*kind)) {
+        let prefix = text.split(kind).next().unwrap_or("").trim_end_matches([' ', ':']);
+        return format!(
+            "{prefix}: not a complete safetensors file (cut short, or not written by this program)"
+        )
+        .trim_start_matches(": ")
+        .to_string();
+    }
+    text.to_string()
 }
 
 /// Turns a libtorch error met while doing `op` into a [`DistError`] that

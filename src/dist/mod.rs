@@ -29,9 +29,11 @@ use std::time::Duration;
 
 use tch::Tensor;
 
-pub use error::{torch_error, DistError};
+pub use error::{cause_in_words, torch_error, DistError};
 pub use local::LocalProcessGroup;
-pub use spawn::{parse_timeout_secs, spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
+pub use spawn::{
+    parse_timeout_secs, spawn, spawn_with, timeout_from_env, RankFailure, SpawnError, SpawnOptions,
+};
 pub use tag::{current_tag, tagged};
 
 /// A shared handle to a process group, as chapter code holds it.

@@ -27,33 +27,63 @@ use super::{Group, DEFAULT_TIMEOUT};
 #[derive(Clone, Debug)]
 pub struct SpawnOptions {
     pub world_size: usize,
-    /// How long any call waits for its peers before it fails.
-    pub timeout: Duration,
+    /// How long any call waits for its peers before it fails; `None`: from
+    /// `DDP_TIMEOUT_SECS`, else [`DEFAULT_TIMEOUT`].
+    timeout: Option<Duration>,
+    /// Fault injection for tests: the operating system "refuses" this rank's thread.
+    refuse_thread_of_rank: Option<usize>,
 }
 
 impl SpawnOptions {
     /// `world_size` ranks, with the timeout from `DDP_TIMEOUT_SECS` if that
-    /// is set (and not empty), else [`DEFAULT_TIMEOUT`].
-    ///
-    /// # Panics
-    /// If `DDP_TIMEOUT_SECS` is set to something other than a positive number
-    /// of seconds: a typo there should not silently mean the default.
+    /// is set (and not empty), else [`DEFAULT_TIMEOUT`]. A bad value there
+    /// makes [`spawn_with`] return [`SpawnError::InvalidTimeout`], before any
+    /// rank starts: a typo should not silently mean the default.
     pub fn new(world_size: usize) -> Self {
-        let timeout = match std::env::var("DDP_TIMEOUT_SECS") {
-            Err(std::env::VarError::NotPresent) => DEFAULT_TIMEOUT,
-            Ok(text) if text.trim().is_empty() => DEFAULT_TIMEOUT,
-            Ok(text) => parse_timeout_secs(&text)
-                .unwrap_or_else(|problem| panic!("DDP_TIMEOUT_SECS={text:?}: {problem}; fix it or unset it")),
-            Err(std::env::VarError::NotUnicode(text)) => {
-                panic!("DDP_TIMEOUT_SECS={text:?} is not text; set it to a number of seconds or unset it")
-            }
-        };
-        SpawnOptions { world_size, timeout }
+        SpawnOptions { world_size, timeout: None, refuse_thread_of_rank: None }
     }
 
+    /// Every call waits at most `timeout` (which must not be zero).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = Some(timeout);
         self
+    }
+
+    /// The timeout these options give: the one set with
+    /// [`timeout`](Self::timeout), else `DDP_TIMEOUT_SECS`, else the default.
+    pub fn resolved_timeout(&self) -> Result<Duration, SpawnError> {
+        let invalid = |problem: String| SpawnError::InvalidTimeout(problem);
+        match self.timeout {
+            Some(timeout) if timeout.is_zero() => Err(invalid(
+                "SpawnOptions::timeout(Duration::ZERO) would fail every call at once; pass a \
+                             positive duration"
+                    .into(),
+            )),
+            Some(timeout) => Ok(timeout),
+            None => timeout_from_env().map_err(invalid),
+        }
+    }
+
+    /// For tests of `spawn` itself: pretend that the operating system
+    /// refuses to start `rank`'s thread.
+    #[doc(hidden)]
+    pub fn refuse_thread_of_rank(mut self, rank: usize) -> Self {
+        self.refuse_thread_of_rank = Some(rank);
+        self
+    }
+}
+
+/// The timeout `DDP_TIMEOUT_SECS` asks for, or [`DEFAULT_TIMEOUT`] when it is
+/// unset or empty; an error that says how to fix a bad value.
+pub fn timeout_from_env() -> Result<Duration, String> {
+    match std::env::var("DDP_TIMEOUT_SECS") {
+        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_TIMEOUT),
+        Ok(text) if text.trim().is_empty() => Ok(DEFAULT_TIMEOUT),
+        Ok(text) => parse_timeout_secs(&text)
+            .map_err(|problem| format!("DDP_TIMEOUT_SECS={text:?}: {problem}; fix it or unset it")),
+        Err(std::env::VarError::NotUnicode(text)) => {
+            Err(format!("DDP_TIMEOUT_SECS={text:?} is not text; set it to a number of seconds or unset it"))
+        }
     }
 }
 
@@ -92,6 +122,15 @@ impl std::fmt::Display for RankFailure {
 pub enum SpawnError {
     #[error("a process group needs at least one rank, got world_size = {0}")]
     NoRanks(usize),
+    #[error("{0}")]
+    InvalidTimeout(String),
+    /// The operating system refused to start a rank's thread; the ranks
+    /// already started were told at once and have returned.
+    #[error(
+        "the operating system refused to start rank {rank}'s thread ({reason}); fewer ranks, or \
+         fewer other threads and processes, may help"
+    )]
+    ThreadStart { rank: usize, reason: String },
     /// `failures` holds every rank that failed, in the order they failed:
     /// the first is usually the cause, the others its consequences.
     #[error("rank {} {}{}", failures[0].0, failures[0].1, others(failures))]
@@ -110,7 +149,7 @@ impl SpawnError {
     /// The failure of one rank, if that rank failed.
     pub fn failure_of(&self, rank: usize) -> Option<&RankFailure> {
         match self {
-            SpawnError::NoRanks(_) => None,
+            SpawnError::NoRanks(_) | SpawnError::InvalidTimeout(_) | SpawnError::ThreadStart { .. } => None,
             SpawnError::RanksFailed { failures } => {
                 failures.iter().find(|(r, _)| *r == rank).map(|(_, failure)| failure)
             }
@@ -122,6 +161,12 @@ impl SpawnError {
 /// each rank's result in rank order. If any rank panics or returns an error,
 /// the other ranks' calls fail promptly and `spawn` returns a [`SpawnError`]
 /// that names the first rank to fail.
+///
+/// What `spawn` cannot do: stop a thread. A rank that is stuck outside any
+/// call of the group (an endless loop, a blocked read) is waited for, even
+/// after every peer has failed; its peers' errors name it when their calls
+/// time out, but `spawn` returns only once it does. Real processes (a
+/// launcher that kills them) do not have this limit.
 pub fn spawn<T, F>(world_size: usize, f: F) -> Result<Vec<T>, SpawnError>
 where
     T: Send,
@@ -140,46 +185,78 @@ where
     if size == 0 {
         return Err(SpawnError::NoRanks(size));
     }
-    let world = Arc::new(World::new(size, options.timeout, String::new()));
+    let timeout = options.resolved_timeout()?;
+    let world = Arc::new(World::new(size, timeout, String::new()));
     let failures = Mutex::new(Vec::new());
-    let results: Vec<Option<T>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..size)
-            .map(|rank| {
-                let (world, f, failures) = (world.clone(), &f, &failures);
+    let (results, refused) = std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(size);
+        let mut refused = None;
+        for rank in 0..size {
+            let (rank_world, f, failures) = (world.clone(), &f, &failures);
+            let started = if options.refuse_thread_of_rank == Some(rank) {
+                Err(std::io::Error::other("refused on purpose by SpawnOptions::refuse_thread_of_rank"))
+            } else {
                 std::thread::Builder::new()
                     .name(format!("rank-{rank}"))
-                    .spawn_scoped(scope, move || {
-                        let group: Group = Arc::new(LocalProcessGroup::new(rank, world.clone()));
-                        let outcome = match catch_unwind(AssertUnwindSafe(|| f(group))) {
-                            Ok(Ok(value)) => Ok(value),
-                            Ok(Err(error)) => Err(RankFailure::Error(error)),
-                            Err(payload) => Err(RankFailure::Panicked(panic_message(payload.as_ref()))),
-                        };
-                        match outcome {
-                            Ok(value) => {
-                                world.leave(rank, "finished and left the group".into());
-                                Some(value)
-                            }
-                            Err(failure) => {
-                                let reason = failure.to_string();
-                                // Record the failure before waking the peers, so that
-                                // the cause is listed before its consequences.
-                                failures.lock().unwrap_or_else(|p| p.into_inner()).push((rank, failure));
-                                world.leave(rank, reason);
-                                None
-                            }
-                        }
-                    })
-                    .expect("the operating system refused to start a rank thread")
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("rank threads catch their panics")).collect()
+                    .spawn_scoped(scope, move || run_rank(rank, &rank_world, f, failures))
+            };
+            match started {
+                Ok(handle) => handles.push(handle),
+                Err(error) => {
+                    // The ranks that did start must not wait out the whole
+                    // timeout for peers that never come: they leave now.
+                    for missing in rank..size {
+                        world.leave(missing, format!("was never started: {error}"));
+                    }
+                    refused = Some((rank, error.to_string()));
+                    break;
+                }
+            }
+        }
+        let results: Vec<Option<T>> =
+            handles.into_iter().map(|h| h.join().expect("rank threads catch their panics")).collect();
+        (results, refused)
     });
+    if let Some((rank, reason)) = refused {
+        return Err(SpawnError::ThreadStart { rank, reason });
+    }
     let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
     if failures.is_empty() {
         Ok(results.into_iter().map(|r| r.expect("no failure means every rank returned")).collect())
     } else {
         Err(SpawnError::RanksFailed { failures })
+    }
+}
+
+/// One rank's thread: runs `f`, and records how the rank left the group.
+fn run_rank<T, F>(
+    rank: usize,
+    world: &Arc<World>,
+    f: &F,
+    failures: &Mutex<Vec<(usize, RankFailure)>>,
+) -> Option<T>
+where
+    F: Fn(Group) -> anyhow::Result<T> + Sync,
+{
+    let group: Group = Arc::new(LocalProcessGroup::new(rank, world.clone()));
+    let outcome = match catch_unwind(AssertUnwindSafe(|| f(group))) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(RankFailure::Error(error)),
+        Err(payload) => Err(RankFailure::Panicked(panic_message(payload.as_ref()))),
+    };
+    match outcome {
+        Ok(value) => {
+            world.leave(rank, "finished and left the group".into());
+            Some(value)
+        }
+        Err(failure) => {
+            let reason = failure.to_string();
+            // Record the failure before waking the peers, so that the cause
+            // is listed before its consequences.
+            failures.lock().unwrap_or_else(|p| p.into_inner()).push((rank, failure));
+            world.leave(rank, reason);
+            None
+        }
     }
 }
 

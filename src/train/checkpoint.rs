@@ -14,7 +14,6 @@
 //!   error and not a silently different model.
 
 use std::fmt;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use tch::nn::VarStore;
@@ -68,15 +67,12 @@ pub enum CheckpointError {
     Missing { path: PathBuf },
 
     #[error(
-        "cannot read the checkpoint {path}: {source}. The file is damaged or is not a \
-         checkpoint of this program; delete it and start again without --resume"
+        "cannot read the checkpoint {path}: {}. The file is damaged or is not a checkpoint of \
+         this program. {}", one_line(.source), fallback_advice(.path)
     )]
     Unreadable { path: PathBuf, source: TchError },
 
-    #[error(
-        "{path} is not a usable checkpoint of this training run: {detail}. Delete it and start \
-         again without --resume"
-    )]
+    #[error("{path} is not a usable checkpoint of this training run: {detail}. {}", fallback_advice(.path))]
     Invalid { path: PathBuf, detail: String },
 
     #[error(
@@ -89,40 +85,32 @@ pub enum CheckpointError {
     Write { path: PathBuf, detail: String },
 }
 
-/// The file a checkpoint is written to before it is renamed over `path`.
-pub fn temporary_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".tmp");
-    PathBuf::from(name)
+/// What to do about a damaged checkpoint: resume from the one before it, if
+/// `save` kept one, else start again.
+fn fallback_advice(path: &Path) -> String {
+    let previous = previous_path(path);
+    if previous.is_file() {
+        format!(
+            "The checkpoint before it is kept as {prev}: resume from it with \
+             `cp {prev} {path}` and --resume, or delete {path} and start again without --resume",
+            prev = previous.display(),
+            path = path.display()
+        )
+    } else {
+        format!("Delete {} and start again without --resume", path.display())
+    }
 }
 
-// ANCHOR: save
-/// Writes `checkpoint` to `path` atomically: to `path.tmp` first, flushed
-/// to disk, then renamed over `path`. A crash at any moment leaves either
-/// the previous checkpoint or the new one, never half a file.
-pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
-    let fail = |detail: String| CheckpointError::Write { path: path.to_path_buf(), detail };
-    let mut tensors = entries(checkpoint);
-    tensors.push(("train.checksum".to_string(), Tensor::from_slice(&[checksum(&tensors)])));
-    let tmp = temporary_path(path);
-    Tensor::write_safetensors(&tensors, &tmp).map_err(|e| fail(format!("writing {}: {e}", tmp.display())))?;
-    // fsync: the bytes must be on disk before the rename makes them "the" checkpoint.
-    File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| fail(format!("flushing {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(|e| fail(format!("renaming {} to it: {e}", tmp.display())))?;
-    // And the rename itself: flush the folder's entry list (best effort, not
-    // every platform lets a folder be opened as a file).
-    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if let Ok(dir) = File::open(folder) {
-        let _ = dir.sync_all();
-    }
-    Ok(())
+/// A libtorch or safetensors error in one line of words: libtorch appends
+/// its C++ stack, and safetensors names its error kinds in code.
+fn one_line(error: &TchError) -> String {
+    crate::dist::cause_in_words(&error.to_string())
 }
-// ANCHOR_END: save
+
+pub use super::saving::{check_writable, leftover_temporaries, previous_path, save, temporary_path};
 
 /// The tensors of `checkpoint` under their file names, without the checksum.
-fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
+pub(super) fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (name, tensor) in &checkpoint.model {
         tensors.push((format!("model.{name}"), tensor.detach().contiguous()));
@@ -146,7 +134,7 @@ fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
 
 /// FNV-1a, 64 bits, over every tensor's name, dtype, shape and bytes, in
 /// name order. Not cryptographic: it catches damage, not tampering.
-fn checksum(tensors: &[(String, Tensor)]) -> i64 {
+pub(super) fn checksum(tensors: &[(String, Tensor)]) -> i64 {
     let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let mut hash = Fnv1a::new();

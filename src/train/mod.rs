@@ -9,7 +9,8 @@
 //!   events rank 0 reports, and [`train`], which spawns the ranks;
 //! - `run.rs`: what every rank does, step by step ([`train_rank`]);
 //! - `optim.rs`: AdamW with its state in named tensors, so it can be saved;
-//! - `checkpoint.rs`: the checkpoint file, written atomically.
+//! - `checkpoint.rs`: the checkpoint file and how it is read;
+//! - `saving.rs`: how it is written: checked first, atomically, the previous one kept.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,6 +22,7 @@ use crate::dist::{spawn, SpawnError};
 pub mod checkpoint;
 pub mod optim;
 mod run;
+mod saving;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Progress, Setting};
 pub use optim::AdamW;
@@ -120,6 +122,8 @@ pub enum ConfigError {
     StopAfter { stop_after: usize, steps: usize },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error("{0}")]
+    Timeout(String),
 }
 
 impl TrainConfig {
@@ -143,6 +147,8 @@ impl TrainConfig {
                 return Err(ConfigError::Zero { name });
             }
         }
+        // A bad DDP_TIMEOUT_SECS is refused now, not after the set-up.
+        crate::dist::timeout_from_env().map_err(ConfigError::Timeout)?;
         if self.threads_per_rank == Some(0) {
             return Err(ConfigError::Zero { name: "threads_per_rank" });
         }
@@ -169,11 +175,15 @@ impl TrainConfig {
         match &self.checkpoint {
             None if self.resume => Err(ConfigError::NoCheckpointPath("--resume")),
             None if self.checkpoint_every > 0 => Err(ConfigError::NoCheckpointPath("--checkpoint-every")),
-            Some(path) if self.resume => {
-                run::load_for_resume(path, self)?;
+            Some(path) => {
+                if self.resume {
+                    run::load_for_resume(path, self)?;
+                }
+                // Found now, not after the whole run has trained.
+                checkpoint::check_writable(path)?;
                 Ok(())
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 

@@ -115,26 +115,54 @@ fn spawn_options_read_ddp_timeout_secs() {
         assert!(stdout.contains("1 passed"), "the probe did not run:\n{stdout}");
     }
     assert_eq!(DEFAULT_TIMEOUT, Duration::from_secs(60), "the probes above assume the 60 s default");
-    let output = probe(Some("5m"), "panic");
+    let output = probe(Some("5m"), "refused");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
 /// Not a test on its own: `spawn_options_read_ddp_timeout_secs` runs it in a
 /// child process. `DDP_PROBE_EXPECT` holds the timeout it must find, in
-/// milliseconds, or `panic` if `SpawnOptions::new` must refuse the value.
+/// milliseconds, or `refused` if the value must be refused with an error.
 #[test]
 #[ignore = "run by spawn_options_read_ddp_timeout_secs in a child process"]
 fn spawn_options_probe() {
     let Ok(expect) = std::env::var("DDP_PROBE_EXPECT") else {
         return println!("nothing to check: spawn_options_read_ddp_timeout_secs runs this probe");
     };
-    if expect == "panic" {
-        let refused =
-            std::panic::catch_unwind(|| SpawnOptions::new(2)).expect_err("a bad value must be refused");
-        let message = refused.downcast_ref::<String>().cloned().unwrap_or_default();
+    if expect == "refused" {
+        // An error from spawn, before any rank runs: no panic, no default.
+        let error = spawn(2, |_pg| -> anyhow::Result<()> { panic!("no rank may run") })
+            .expect_err("a bad value must be refused");
+        let message = error.to_string();
+        assert!(matches!(error, SpawnError::InvalidTimeout(_)), "{message}");
         assert!(message.contains("DDP_TIMEOUT_SECS") && message.contains("unset"), "{message}");
     } else {
         let options = SpawnOptions::new(2);
-        assert_eq!((options.world_size, options.timeout.as_millis().to_string()), (2, expect));
+        let timeout = options.resolved_timeout().expect("a good value");
+        assert_eq!((options.world_size, timeout.as_millis().to_string()), (2, expect));
     }
+}
+
+#[test]
+fn a_zero_timeout_is_refused_like_the_variable_refuses_it() {
+    let error = spawn_with(SpawnOptions::new(2).timeout(Duration::ZERO), |_pg| Ok(()))
+        .expect_err("a zero timeout would fail every call at once");
+    assert!(matches!(error, SpawnError::InvalidTimeout(_)), "{error}");
+    assert!(error.to_string().contains("positive duration"), "{error}");
+}
+
+#[test]
+fn a_thread_the_os_refuses_is_an_error_and_the_started_ranks_are_released_at_once() {
+    // Rank 2 of 3 cannot start; ranks 0 and 1 are already in an all-reduce
+    // that needs it, with a timeout far longer than the test may take.
+    let started = std::time::Instant::now();
+    let options = SpawnOptions::new(3).timeout(Duration::from_secs(60)).refuse_thread_of_rank(2);
+    let error = spawn_with(options, |pg| {
+        let mut t = ddp_workbook::tch::Tensor::from(1.0);
+        pg.all_reduce(&mut t, ddp_workbook::dist::ReduceOp::Sum)?;
+        Ok(())
+    })
+    .expect_err("a rank that never started cannot take part");
+    assert!(matches!(error, SpawnError::ThreadStart { rank: 2, .. }), "{error}");
+    assert!(error.to_string().contains("refused to start rank 2"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(10), "the started ranks waited {:?}", started.elapsed());
 }
