@@ -8,9 +8,8 @@ use std::time::Duration;
 pub enum DistError {
     /// A peer did not join the call in time.
     #[error(
-        "rank {rank}: {op} timed out after {waited:?} waiting for rank(s) {missing:?}; \
-         every rank must make the same calls in the same order (is one rank \
-         skipping this call, or stuck before it?)"
+        "rank {rank}: {op} timed out after {waited:?} waiting for rank(s) {missing:?}; {}",
+        timeout_hint(op, missing)
     )]
     Timeout { rank: usize, op: String, missing: Vec<usize>, waited: Duration },
 
@@ -31,6 +30,19 @@ pub enum DistError {
     /// C++ stack) for a debugger, and is not repeated as the error's source.
     #[error("rank {rank}: {op} failed in libtorch: {}", cause_in_words(&.source.to_string()))]
     Torch { rank: usize, op: String, source: tch::TchError },
+}
+
+/// What to check when a call times out: a `recv` waits for one sender, a
+/// collective for every rank.
+fn timeout_hint(op: &str, missing: &[usize]) -> String {
+    match missing {
+        [peer] if op.starts_with("recv") => {
+            format!("is rank {peer} sending to this rank? (every recv needs a matching send)")
+        }
+        _ => "every rank must make the same calls in the same order (is one rank skipping this \
+              call, or stuck before it?)"
+            .to_string(),
+    }
 }
 
 /// A libtorch or safetensors error message as one line of words: libtorch

@@ -34,8 +34,13 @@ impl LocalProcessGroup {
         update(&mut self.stats.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
+    /// This rank's number in the world `spawn` made: what errors name.
+    fn global_rank(&self) -> usize {
+        self.world.global[self.rank]
+    }
+
     fn invalid(&self, op: &str, detail: impl Into<String>) -> DistError {
-        DistError::Invalid { rank: self.rank, op: op.to_string(), detail: detail.into() }
+        DistError::Invalid { rank: self.global_rank(), op: op.to_string(), detail: detail.into() }
     }
 
     /// Rejects tensors no rank could sensibly exchange, before any peer waits.
@@ -118,7 +123,9 @@ impl ProcessGroup for LocalProcessGroup {
         let (seq, name) = self.start(Op::AllReduce(op), Some(tensor), Some(tensor.shallow_clone()));
         let (world, rank) = (self.world.clone(), self.rank);
         let mut output = tensor.shallow_clone();
-        Ok(Work::new(move || world.complete(rank, seq, &name, |shared| output.f_copy_(&shared[0]))))
+        let wait = move || world.complete(rank, seq, &name, |shared| output.f_copy_(&shared[0]));
+        let world = self.world.clone();
+        Ok(Work::with_release(wait, move || world.give_up(rank, seq)))
     }
 
     fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
@@ -163,7 +170,7 @@ impl ProcessGroup for LocalProcessGroup {
     }
 
     fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
-        let op = format!("send to rank {dst}");
+        let op = format!("send to rank {dst}{}", self.world.label);
         self.check_tensor(&op, tensor)?;
         self.check_rank(&op, "destination", dst)?;
         if dst == self.rank {
@@ -171,7 +178,7 @@ impl ProcessGroup for LocalProcessGroup {
         }
         // A copy, because the caller may overwrite its buffer as soon as we return.
         let message = tch::no_grad(|| tensor.f_detach_copy()).map_err(|source| DistError::Torch {
-            rank: self.rank,
+            rank: self.global_rank(),
             op: op.clone(),
             source,
         })?;
@@ -183,7 +190,7 @@ impl ProcessGroup for LocalProcessGroup {
     }
 
     fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
-        let op = format!("recv from rank {src}");
+        let op = format!("recv from rank {src}{}", self.world.label);
         self.check_tensor(&op, tensor)?;
         self.check_rank(&op, "source", src)?;
         if src == self.rank {
@@ -193,17 +200,18 @@ impl ProcessGroup for LocalProcessGroup {
         let message = self.world.take_message(src, self.rank, &op)?;
         if message.size() != tensor.size() || message.kind() != tensor.kind() {
             let detail = format!(
-                "rank {src} sent {:?}{:?} but rank {} receives into {:?}{:?}",
+                "rank {} sent {:?}{:?} but rank {} receives into {:?}{:?}",
+                self.world.global[src],
                 message.kind(),
                 message.size(),
-                self.rank,
+                self.global_rank(),
                 tensor.kind(),
                 tensor.size()
             );
-            return Err(DistError::Mismatch { rank: self.rank, op, detail });
+            return Err(DistError::Mismatch { rank: self.global_rank(), op, detail });
         }
         tch::no_grad(|| tensor.f_copy_(&message)).map_err(|source| DistError::Torch {
-            rank: self.rank,
+            rank: self.global_rank(),
             op,
             source,
         })

@@ -94,21 +94,42 @@ impl CommStats {
 
 /// A collective that has been started but may not have finished: the result
 /// of [`ProcessGroup::all_reduce_async`]. Call [`Work::wait`] before reading
-/// the tensor, and do not modify the tensor until then.
+/// the tensor, and do not modify the tensor until then. Dropping it without
+/// waiting gives up this rank's result (the tensor is left as it was, the
+/// peers still get theirs) and frees what the backend kept for it.
 #[must_use = "the tensor holds its result only after wait() returns"]
 pub struct Work {
-    wait: Box<dyn FnOnce() -> Result<(), DistError> + Send>,
+    wait: Option<Box<dyn FnOnce() -> Result<(), DistError> + Send>>,
+    release: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Work {
     /// Wraps a backend's completion step; backends call this, users do not.
     pub fn new(wait: impl FnOnce() -> Result<(), DistError> + Send + 'static) -> Self {
-        Work { wait: Box::new(wait) }
+        Work { wait: Some(Box::new(wait)), release: None }
+    }
+
+    /// [`new`](Self::new), plus what to free if the handle is dropped unwaited.
+    pub fn with_release(
+        wait: impl FnOnce() -> Result<(), DistError> + Send + 'static,
+        release: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        Work { wait: Some(Box::new(wait)), release: Some(Box::new(release)) }
     }
 
     /// Blocks until the collective has finished and its result is in place.
-    pub fn wait(self) -> Result<(), DistError> {
-        (self.wait)()
+    pub fn wait(mut self) -> Result<(), DistError> {
+        self.release = None; // waiting collects the result: nothing to give up
+        let wait = self.wait.take().expect("a Work is waited on at most once");
+        wait()
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release();
+        }
     }
 }
 

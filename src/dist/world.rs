@@ -41,6 +41,9 @@ struct State {
 
 pub(crate) struct World {
     pub size: usize,
+    /// Each member's rank in the world `spawn` made: errors name ranks by it,
+    /// also inside a sub-group (where "rank 0" would name someone else).
+    pub global: Vec<usize>,
     pub timeout: Duration,
     /// Appended to call names in errors: "" or " of sub-group [2, 3]".
     pub label: String,
@@ -50,8 +53,13 @@ pub(crate) struct World {
 
 impl World {
     pub fn new(size: usize, timeout: Duration, label: String) -> Self {
+        Self::with_global_ranks((0..size).collect(), timeout, label)
+    }
+
+    fn with_global_ranks(global: Vec<usize>, timeout: Duration, label: String) -> Self {
+        let size = global.len();
         let state = State { gone: vec![None; size], ..State::default() };
-        World { size, timeout, label, state: Mutex::new(state), changed: Condvar::new() }
+        World { size, global, timeout, label, state: Mutex::new(state), changed: Condvar::new() }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -84,7 +92,7 @@ impl World {
         };
         self.changed.notify_all();
         for (sub_rank, world) in sub_groups {
-            world.leave(sub_rank, format!("(rank {rank} of the parent group) {reason}"));
+            world.leave(sub_rank, reason.clone());
         }
     }
 
@@ -99,8 +107,9 @@ impl World {
         match &slot.first {
             None => slot.first = Some((rank, call.clone())),
             Some((first_rank, first_call)) if *first_call != call && slot.outcome.is_none() => {
+                let (first_rank, this_rank) = (self.global[*first_rank], self.global[rank]);
                 let detail = format!(
-                    "rank {first_rank} called {first_call} but rank {rank} called {call} \
+                    "rank {first_rank} called {first_call} but rank {this_rank} called {call} \
                      as collective call #{seq}{}",
                     self.label
                 );
@@ -151,6 +160,7 @@ impl World {
         take: impl FnOnce(&[Tensor]) -> Result<T, tch::TchError>,
     ) -> Result<T, DistError> {
         let op = || op_name.to_string();
+        let (me, global) = (self.global[rank], &self.global);
         let deadline = Instant::now().checked_add(self.timeout);
         let mut guard = self.lock();
         loop {
@@ -159,7 +169,7 @@ impl World {
                 // Only possible after this rank has left the group.
                 let detail = "this rank left the group before waiting for this call \
                               (was a Work handle kept after spawn returned?)";
-                return Err(DistError::Invalid { rank, op: op(), detail: detail.into() });
+                return Err(DistError::Invalid { rank: me, op: op(), detail: detail.into() });
             };
             let shared = match (&slot.outcome, &slot.abandoned) {
                 // Shallow handles: the copy below runs without the lock.
@@ -167,13 +177,15 @@ impl World {
                     Ok(shared.iter().map(Tensor::shallow_clone).collect::<Vec<_>>())
                 }
                 (Some(Outcome::Mismatch(detail)), _) => {
-                    Err(DistError::Mismatch { rank, op: op(), detail: detail.clone() })
+                    Err(DistError::Mismatch { rank: me, op: op(), detail: detail.clone() })
                 }
-                (Some(Outcome::TorchFailed(message)), _) => {
-                    Err(DistError::Torch { rank, op: op(), source: tch::TchError::Torch(message.clone()) })
-                }
+                (Some(Outcome::TorchFailed(message)), _) => Err(DistError::Torch {
+                    rank: me,
+                    op: op(),
+                    source: tch::TchError::Torch(message.clone()),
+                }),
                 (Some(Outcome::Abandoned { by, reason }), _) => {
-                    Err(DistError::PeerGone { rank, op: op(), peer: *by, reason: reason.clone() })
+                    Err(DistError::PeerGone { rank: me, op: op(), peer: global[*by], reason: reason.clone() })
                 }
                 (None, _) if slot.computing => {
                     // Every rank is here and the result is moments away.
@@ -185,18 +197,19 @@ impl World {
                     // A departed peer is the root cause: name it first.
                     let error = if let Some(&peer) = missing.iter().find(|&&r| state.gone[r].is_some()) {
                         let reason = state.gone[peer].clone().unwrap_or_default();
-                        DistError::PeerGone { rank, op: op(), peer, reason }
+                        DistError::PeerGone { rank: me, op: op(), peer: global[peer], reason }
                     } else if let (Some((by, reason)), true) = (abandoned, slot.late[rank]) {
                         // This rank came after a peer gave up: waiting cannot help.
-                        DistError::PeerGone { rank, op: op(), peer: *by, reason: reason.clone() }
+                        DistError::PeerGone { rank: me, op: op(), peer: global[*by], reason: reason.clone() }
                     } else if deadline.is_some_and(|d| Instant::now() >= d) {
                         let waited = self.timeout;
                         // Ranks that arrive later must fail at once, not get a
                         // result that this rank never saw.
+                        let missing: Vec<usize> = missing.iter().map(|&r| global[r]).collect();
                         let reason =
                             format!("gave up on this call after waiting {waited:?} for rank(s) {missing:?}");
                         slot.abandoned.get_or_insert((rank, reason));
-                        DistError::Timeout { rank, op: op(), missing, waited }
+                        DistError::Timeout { rank: me, op: op(), missing, waited }
                     } else {
                         guard = self.wait(guard, deadline);
                         continue;
@@ -220,11 +233,25 @@ impl World {
         }
     }
 
+    /// `rank` will never collect call `seq` (its `Work` was dropped): the
+    /// slot, and the result in it, go as soon as the other ranks have theirs.
+    pub fn give_up(&self, rank: usize, seq: u64) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if let Some(slot) = state.slots.get_mut(&seq) {
+            slot.done[rank] = true;
+            if slot.finished(&state.gone) {
+                state.slots.remove(&seq);
+            }
+        }
+    }
+
     /// Queues a message from `src` to `dst`, unless `dst` has left.
     pub fn post(&self, src: usize, dst: usize, message: Tensor, op_name: &str) -> Result<(), DistError> {
         let mut state = self.lock();
         if let Some(reason) = state.gone[dst].clone() {
-            return Err(DistError::PeerGone { rank: src, op: op_name.to_string(), peer: dst, reason });
+            let (rank, peer) = (self.global[src], self.global[dst]);
+            return Err(DistError::PeerGone { rank, op: op_name.to_string(), peer, reason });
         }
         state.mailboxes.entry((src, dst)).or_default().push_back(message);
         drop(state);
@@ -243,10 +270,16 @@ impl World {
             }
             let op = op_name.to_string();
             if let Some(reason) = state.gone[src].clone() {
-                return Err(DistError::PeerGone { rank: dst, op, peer: src, reason });
+                return Err(DistError::PeerGone {
+                    rank: self.global[dst],
+                    op,
+                    peer: self.global[src],
+                    reason,
+                });
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(DistError::Timeout { rank: dst, op, missing: vec![src], waited: self.timeout });
+                let (rank, missing) = (self.global[dst], vec![self.global[src]]);
+                return Err(DistError::Timeout { rank, op, missing, waited: self.timeout });
             }
             state = self.wait(state, deadline);
         }
@@ -258,8 +291,9 @@ impl World {
     pub fn sub_group(&self, key: u64, members: &[usize]) -> Arc<World> {
         let mut state = self.lock();
         let entry = state.sub_groups.entry(key).or_insert_with(|| {
-            let label = format!(" of sub-group {members:?}{}", self.label);
-            let world = Arc::new(World::new(members.len(), self.timeout, label));
+            let global: Vec<usize> = members.iter().map(|&m| self.global[m]).collect();
+            let label = format!(" of sub-group {global:?}");
+            let world = Arc::new(World::with_global_ranks(global, self.timeout, label));
             SubGroup { members: members.to_vec(), world }
         });
         entry.world.clone()

@@ -292,3 +292,18 @@ fn recv_into_a_buffer_of_the_wrong_shape_or_dtype_is_a_mismatch() {
         );
     }
 }
+
+#[test]
+fn a_recv_that_times_out_asks_whether_the_sender_sends() {
+    let error = run_err(2, SHORT, |pg| {
+        if pg.rank() == 1 {
+            pg.recv(&mut one(Kind::Float), 0)?; // rank 0 never sends
+        } else {
+            std::thread::sleep(ASLEEP); // alive, so the wait ends by the deadline
+        }
+        Ok(())
+    });
+    let message = dist_error(&error, 1).to_string();
+    assert!(message.contains("is rank 0 sending to this rank?"), "{message}");
+    assert!(!message.contains("same calls in the same order"), "that hint is for collectives: {message}");
+}
