@@ -66,7 +66,7 @@ fn layout_for_tiny_caps_is_the_one_the_chapter_explains() {
         })
         .unwrap_or_else(|e| panic!("{e}"));
         for (rank, layout) in layouts.iter().enumerate() {
-            assert_eq!(layout, &expected, "rank {rank}, caps {caps:?}: the wrapper's bucket layout");
+            assert_eq!(layout, &expected, "rank {rank}, caps ({caps}): the wrapper's bucket layout");
         }
     }
 }
@@ -146,7 +146,7 @@ fn bucketed_sync_equals_naive_sync_bitwise() {
             for caps in [TINY_CAPS, BucketCaps::default()] {
                 let bucketed = train(world_size, optim, Sync::Bucketed, caps, mlp);
                 let naive = train(world_size, optim, Sync::Naive, caps, mlp);
-                let case = format!("{optim:?} on {world_size} ranks, caps {caps:?}");
+                let case = format!("{optim:?} on {world_size} ranks, {caps}");
                 assert_same_training(&bucketed, &naive, &case);
                 println!("{case}: bitwise equal to the naive sync over {STEPS} steps");
             }
@@ -160,18 +160,18 @@ fn one_all_reduce_per_bucket_and_the_same_bytes_as_naive() {
         let bucketed = train(3, Optim::Sgd, Sync::Bucketed, caps, mlp);
         let naive = train(3, Optim::Sgd, Sync::Naive, caps, mlp);
         for (rank, (b, n)) in bucketed.iter().zip(&naive).enumerate() {
-            assert_eq!(b.buckets.len(), buckets, "rank {rank}, caps {caps:?}: the test model changed");
+            assert_eq!(b.buckets.len(), buckets, "rank {rank}, caps ({caps}): the test model changed");
             assert_eq!(
                 b.all_reduces,
                 vec![buckets as u64; STEPS],
-                "rank {rank}, caps {caps:?}: one all-reduce per bucket and step (not one per parameter)"
+                "rank {rank}, caps ({caps}): one all-reduce per bucket and step (not one per parameter)"
             );
             assert_eq!(b.collectives, b.all_reduces, "rank {rank}: a step must make no other collective");
             assert_eq!(n.all_reduces, vec![6; STEPS], "the naive sync makes one all-reduce per parameter");
             assert_eq!(b.bytes, n.bytes, "rank {rank}: buckets carry the same bytes as the naive sync");
         }
         println!(
-            "caps {caps:?}: {buckets} all-reduce(s) per step instead of 6, the same {} bytes per step",
+            "{caps}: {buckets} all-reduce(s) per step instead of 6, the same {} bytes per step",
             naive[0].bytes[0]
         );
     }
@@ -269,7 +269,7 @@ fn bad_caps_give_a_clear_error() {
         println!("{error}");
         assert!(
             error.contains(what) && error.contains("at least 1 byte"),
-            "unclear error for {caps:?}: {error}"
+            "unclear error for ({caps}): {error}"
         );
     }
     // Different caps on different ranks: their buckets would not pair up.

@@ -12,8 +12,8 @@ use tch::Tensor;
 use crate::dist::{DistError, ProcessGroup};
 
 // ANCHOR: solution
-/// Phase 1. After N - 1 steps, `chunks[rank]` holds the sum over all ranks of
-/// their `chunks[rank]`; the other chunks hold partial sums (do not use them).
+/// Phase 1: afterwards `chunks[r]` holds the sum over all ranks of their
+/// `chunks[r]`. The other chunks may hold partial sums.
 pub fn ring_reduce_scatter(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Result<(), DistError> {
     let (rank, n) = (pg.rank(), pg.world_size());
     expect_one_chunk_per_rank(rank, "ring_reduce_scatter", chunks.len(), n)?;
@@ -35,10 +35,11 @@ pub fn ring_reduce_scatter(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Resu
     Ok(())
 }
 
-/// Phase 2. Starts where phase 1 ends (`chunks[rank]` complete on each rank)
-/// and passes the complete chunks around the ring, so that after N - 1 steps
-/// every rank holds every complete chunk.
+/// Phase 2: starts with `chunks[r]` complete on every rank r; afterwards every
+/// chunk is complete on every rank.
 pub fn ring_all_gather(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Result<(), DistError> {
+    // Starts where phase 1 ends and passes the complete chunks around the
+    // ring, so that after N - 1 steps every rank holds every complete chunk.
     let (rank, n) = (pg.rank(), pg.world_size());
     expect_one_chunk_per_rank(rank, "ring_all_gather", chunks.len(), n)?;
     let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);

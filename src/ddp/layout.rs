@@ -34,6 +34,13 @@ pub struct BucketCaps {
     pub first_cap_bytes: usize,
 }
 
+impl std::fmt::Display for BucketCaps {
+    /// "cap 1024 B, first cap 128 B"
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cap {} B, first cap {} B", self.cap_bytes, self.first_cap_bytes)
+    }
+}
+
 impl Default for BucketCaps {
     /// PyTorch's: 25 MiB, and 1 MiB for the first bucket.
     fn default() -> Self {

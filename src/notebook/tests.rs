@@ -15,7 +15,7 @@ fn the_report_lists_ranks_in_order_and_the_failure_after_them() {
     let texts = vec!["a\n".to_string(), "b".to_string(), String::new(), String::new()];
     let failed = RanksFailed::Ranks {
         failures: vec![(1, RankFailure::Panicked("boom".into()))],
-        panic_locations: vec![(1, "src/x.rs:3:5".into())],
+        panic_locations: vec![(1, "cell_3.rs:3:5".into())],
         skipped: vec![3],
     };
     let text = report(&texts, &[3], Some(&failed));
@@ -27,7 +27,7 @@ fn the_report_lists_ranks_in_order_and_the_failure_after_them() {
     assert_eq!(report(&texts[2..], &[], None), "", "silent ranks print nothing");
     let failure = text.lines().nth(5).unwrap_or_default();
     assert!(failure.starts_with("✗ 1 rank(s) failed"), "{text}");
-    assert!(text.contains("first: rank 1 panicked: boom (in src/x.rs:3:5)"), "{text}");
+    assert!(text.contains("first: rank 1 panicked: boom (in cell_3.rs:3:5)"), "{text}");
     let same = RanksFailed::Ranks {
         failures: vec![(2, RankFailure::Panicked("boom".into())), (0, RankFailure::Panicked("boom".into()))],
         panic_locations: vec![],

@@ -234,7 +234,7 @@ fn the_whole_loop_on_2_and_3_ranks_equals_one_process_on_the_global_batch() {
         compare_replicas(&[snapshot(&runs[0].after_each_step[last]), loaded], 0.0)
             .unwrap_or_else(|report| panic!("the checkpoint is not the trained model: {report}"));
         for (rank, run) in runs.iter().enumerate() {
-            assert_eq!(run.buckets, 4, "rank {rank}: the caps {CAPS:?} make 4 buckets of this model");
+            assert_eq!(run.buckets, 4, "rank {rank}: the caps ({CAPS}) make 4 buckets of this model");
             assert_eq!(
                 run.all_reduces_per_step,
                 vec![run.buckets as u64; reference.len()],
