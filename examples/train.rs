@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use ddp_workbook::ddp::micro_batch_size;
+use ddp_workbook::dist;
 use ddp_workbook::train::{self, default_threads_per_rank, Event, RankOutcome, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -152,6 +153,18 @@ fn report(bar: &ProgressBar, event: Event) {
 // ANCHOR_END: on_event
 
 fn main() -> ExitCode {
+    // A rank that panics reports once, in one line; the run's error below
+    // says what happened and what to do (no stack per rank thread).
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("(no message)");
+        eprintln!("{} panicked: {}", thread.name().unwrap_or("a thread"), dist::panic_in_words(message));
+    }));
     let args = Args::parse();
     let config = match args.config() {
         Ok(config) => config,

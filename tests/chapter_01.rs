@@ -294,7 +294,7 @@ fn fake_all_reduce(_pg: &dyn ProcessGroup, _tensor: &mut Tensor) -> Result<(), D
 
 /// Phase 1 without phase 2: each rank has only its own chunk summed.
 fn reduce_scatter_only(pg: &dyn ProcessGroup, tensor: &mut Tensor) -> Result<(), DistError> {
-    let torch = |source| DistError::Torch { rank: pg.rank(), op: "test".into(), source };
+    let torch = |source| DistError::Torch { rank: pg.rank(), op: "test".into(), cause: source };
     let mut chunks = split_into_chunks(&tensor.reshape([-1]), pg.world_size()).map_err(torch)?;
     learner::ring_reduce_scatter(pg, &mut chunks)?;
     tensor.copy_(&Tensor::cat(&chunks, 0).view(tensor.size().as_slice()));

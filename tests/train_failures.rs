@@ -94,6 +94,28 @@ fn train_example(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
 }
 
 #[test]
+fn running_out_of_memory_is_one_clear_error_that_says_what_to_lower() {
+    // A data set of 10^11 sequences: every rank's first allocation fails at
+    // once. Under `ulimit -v` so that no kernel setting lets it take memory.
+    let deps = std::env::current_exe().expect("the test knows its path");
+    train_example(&["--help"], &[]); // builds the example if needed
+    let example = deps.parent().and_then(|d| d.parent()).expect("target/<profile>").join("examples/train");
+    let script = format!(
+        "ulimit -v 16000000; exec {} --train-sequences 100000000000 --batch-size 1000 --steps 1",
+        example.display()
+    );
+    let output = Command::new("sh").args(["-c", &script]).output().expect("sh runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stderr}");
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("out of memory") && stderr.contains("lower --batch-size"), "{stderr}");
+    assert!(
+        !stderr.contains("frame #") && stderr.lines().count() <= 3,
+        "one line per rank, then the error: {stderr}"
+    );
+}
+
+#[test]
 fn the_examples_bad_flags_and_variables_exit_2_with_a_message_not_a_panic() {
     let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
         (&["--world-size", "0", "--global-batch-size", "32"], &[], "the world size"),

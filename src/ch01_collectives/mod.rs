@@ -67,7 +67,7 @@ pub fn ring_all_reduce(pg: &dyn ProcessGroup, tensor: &mut Tensor) -> Result<(),
     if world_size == 1 {
         return Ok(()); // the sum over one rank is the tensor itself
     }
-    let torch = |source| DistError::Torch { rank, op: op.into(), source };
+    let torch = |source| DistError::Torch { rank, op: op.into(), cause: source };
     tch::no_grad(|| {
         let flat = tensor.f_reshape([-1]).map_err(torch)?; // [numel]
         let mut chunks = split_into_chunks(&flat, world_size).map_err(torch)?; // N x [about numel/N]

@@ -92,7 +92,7 @@ pub fn check_same_structure(
     let all = pg.all_gather(&Tensor::from_slice(&mine))?; // world_size x [count]
     let all: Vec<Vec<i64>> =
         all.iter().map(Vec::<i64>::try_from).collect::<Result<_, _>>().map_err(|source| {
-            DistError::Torch { rank: pg.rank(), op: format!("comparing {what}"), source }
+            DistError::Torch { rank: pg.rank(), op: format!("comparing {what}"), cause: source }
         })?;
     for (i, (name, tensor)) in named.iter().enumerate() {
         let differing: Vec<usize> = (0..all.len()).filter(|&r| all[r][i] != mine[i]).collect();

@@ -110,7 +110,7 @@ impl<M: Module> Replicated<M> {
         loss.f_backward().map_err(|source| DistError::Torch {
             rank: self.rank(),
             op: "loss.backward()".to_string(),
-            source,
+            cause: source,
         })
     }
 }

@@ -26,10 +26,25 @@ pub enum DistError {
     Invalid { rank: usize, op: String, detail: String },
 
     /// libtorch rejected an operation inside the call. The message gives
-    /// libtorch's cause in one line; `source` keeps the whole error (with its
-    /// C++ stack) for a debugger, and is not repeated as the error's source.
-    #[error("rank {rank}: {op} failed in libtorch: {}", cause_in_words(&.source.to_string()))]
-    Torch { rank: usize, op: String, source: tch::TchError },
+    /// libtorch's cause in one line; `cause` keeps the whole error (with its
+    /// C++ stack) for a debugger. It is not the error's `source`, so that
+    /// `{:#}` does not print it a second time.
+    #[error("rank {rank}: {op} failed in libtorch: {}", cause_in_words(&.cause.to_string()))]
+    Torch { rank: usize, op: String, cause: tch::TchError },
+}
+
+/// A panic message in one line of words. tch's panicking methods unwrap a
+/// libtorch error, so the message is `called Result::unwrap() on an Err
+/// value: Torch("...")` with libtorch's C++ stack escaped inside; keep the
+/// cause, drop the rest.
+pub fn panic_in_words(message: &str) -> String {
+    match message.split_once("Torch(\"") {
+        Some((_, inside)) => {
+            let inside = inside.replace("\\n", "\n").replace("\\\"", "\"");
+            format!("libtorch: {}", cause_in_words(inside.trim_end_matches("\")")))
+        }
+        None => message.lines().next().unwrap_or(message).to_string(),
+    }
 }
 
 /// What to check when a call times out: a `recv` waits for one sender, a
@@ -51,6 +66,7 @@ fn timeout_hint(op: &str, missing: &[usize]) -> String {
 /// as code (`MetadataIncompleteBuffer`, `IoError(Os { .. })`).
 pub fn cause_in_words(message: &str) -> String {
     let first = message.split("\nException raised from").next().unwrap_or(message);
+    let first = first.split("\nframe #").next().unwrap_or(first);
     let first = first.lines().next().unwrap_or("").trim();
     let text = first.trim_start_matches("Internal torch error: ").trim();
     if let Some(start) = text.find("message: \"") {
@@ -89,5 +105,5 @@ pub fn torch_error(
     op: impl Into<String>,
 ) -> impl FnOnce(tch::TchError) -> DistError {
     let (rank, op) = (pg.rank(), op.into());
-    move |source| DistError::Torch { rank, op, source }
+    move |cause| DistError::Torch { rank, op, cause }
 }

@@ -180,7 +180,7 @@ impl ProcessGroup for LocalProcessGroup {
         let message = tch::no_grad(|| tensor.f_detach_copy()).map_err(|source| DistError::Torch {
             rank: self.global_rank(),
             op: op.clone(),
-            source,
+            cause: source,
         })?;
         self.count(|s| {
             s.send += 1;
@@ -213,7 +213,7 @@ impl ProcessGroup for LocalProcessGroup {
         tch::no_grad(|| tensor.f_copy_(&message)).map_err(|source| DistError::Torch {
             rank: self.global_rank(),
             op,
-            source,
+            cause: source,
         })
     }
 

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tch::Tensor;
 
-pub use error::{cause_in_words, torch_error, DistError};
+pub use error::{cause_in_words, panic_in_words, torch_error, DistError};
 pub use local::LocalProcessGroup;
 pub use spawn::{
     parse_timeout_secs, spawn, spawn_with, timeout_from_env, RankFailure, SpawnError, SpawnOptions,

@@ -261,11 +261,13 @@ where
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
+    let text = if let Some(s) = payload.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {
         s.clone()
     } else {
-        "(a panic without a message)".to_string()
-    }
+        return "(a panic without a message)".to_string();
+    };
+    // One line: libtorch's C++ stack inside a tch panic says nothing to a user.
+    super::error::panic_in_words(&text)
 }

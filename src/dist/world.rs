@@ -179,11 +179,9 @@ impl World {
                 (Some(Outcome::Mismatch(detail)), _) => {
                     Err(DistError::Mismatch { rank: me, op: op(), detail: detail.clone() })
                 }
-                (Some(Outcome::TorchFailed(message)), _) => Err(DistError::Torch {
-                    rank: me,
-                    op: op(),
-                    source: tch::TchError::Torch(message.clone()),
-                }),
+                (Some(Outcome::TorchFailed(message)), _) => {
+                    Err(DistError::Torch { rank: me, op: op(), cause: tch::TchError::Torch(message.clone()) })
+                }
                 (Some(Outcome::Abandoned { by, reason }), _) => {
                     Err(DistError::PeerGone { rank: me, op: op(), peer: global[*by], reason: reason.clone() })
                 }
@@ -228,7 +226,7 @@ impl World {
             return tch::no_grad(|| take(&shared)).map_err(|source| DistError::Torch {
                 rank,
                 op: op(),
-                source,
+                cause: source,
             });
         }
     }

@@ -68,9 +68,9 @@ pub enum CheckpointError {
 
     #[error(
         "cannot read the checkpoint {path}: {}. The file is damaged or is not a checkpoint of \
-         this program. {}", one_line(.source), fallback_advice(.path)
+         this program. {}", one_line(.cause), fallback_advice(.path)
     )]
-    Unreadable { path: PathBuf, source: TchError },
+    Unreadable { path: PathBuf, cause: TchError },
 
     #[error("{path} is not a usable checkpoint of this training run: {detail}. {}", fallback_advice(.path))]
     Invalid { path: PathBuf, detail: String },
@@ -161,7 +161,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     }
     let invalid = |detail: String| CheckpointError::Invalid { path: path.to_path_buf(), detail };
     let mut tensors = Tensor::read_safetensors(path)
-        .map_err(|source| CheckpointError::Unreadable { path: path.to_path_buf(), source })?;
+        .map_err(|source| CheckpointError::Unreadable { path: path.to_path_buf(), cause: source })?;
     let stored = match tensors.iter().position(|(name, _)| name == "train.checksum") {
         Some(i) => int_value(&tensors.swap_remove(i).1),
         None => None,

@@ -277,6 +277,16 @@ pub fn train(config: &TrainConfig, on_event: &(dyn Fn(Event) + Sync)) -> anyhow:
 // ANCHOR_END: train
 
 /// A spawn failure as an error whose first line is the first rank's cause.
+/// Running out of memory gets its own advice: what to lower.
 fn explain(error: SpawnError) -> anyhow::Error {
+    let text = error.to_string();
+    if text.contains("can't allocate memory") || text.contains("out of memory") {
+        let cause = text.split(" (then rank").next().unwrap_or(&text);
+        return anyhow::anyhow!(
+            "training failed: out of memory: {cause}. Each rank holds its data set, model and the \
+             activations of one micro-batch: lower --batch-size (raise --accum-steps to keep the \
+             global batch), use fewer --train-sequences, or run fewer ranks"
+        );
+    }
     anyhow::anyhow!("training failed: {error}")
 }

@@ -166,3 +166,20 @@ fn a_thread_the_os_refuses_is_an_error_and_the_started_ranks_are_released_at_onc
     assert!(error.to_string().contains("refused to start rank 2"), "{error}");
     assert!(started.elapsed() < Duration::from_secs(10), "the started ranks waited {:?}", started.elapsed());
 }
+
+#[test]
+fn a_libtorch_failure_is_one_line_of_cause_printed_once() {
+    let error = spawn_with(SpawnOptions::new(1).timeout(Duration::from_secs(5)), |pg| {
+        let t = Tensor::ones([6], (Kind::Float, Device::Cpu));
+        // A view that cannot exist: libtorch's message comes with its C++ stack.
+        let _view = t.f_view([4, 4]).map_err(ddp_workbook::dist::torch_error(pg.as_ref(), "reshaping"))?;
+        Ok(())
+    })
+    .expect_err("the view must fail");
+    let message = format!("{error:#}");
+    println!("{message}");
+    assert_eq!(message.lines().count(), 1, "one line: {message}");
+    assert!(message.contains("reshaping failed in libtorch: shape '[4, 4]' is invalid"), "{message}");
+    assert!(!message.contains("Internal torch error") && !message.contains("frame #"), "{message}");
+    assert_eq!(message.matches("is invalid").count(), 1, "the cause printed once: {message}");
+}
