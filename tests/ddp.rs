@@ -50,3 +50,15 @@ fn no_sync_on_one_rank_only_fails_within_the_step_on_every_rank() {
         );
     }
 }
+
+#[test]
+fn micro_batch_size_refuses_zero_ranks_and_overflow_instead_of_panicking() {
+    use ddp_workbook::ddp::micro_batch_size;
+    let zero_ranks = micro_batch_size(32, 0, 2).expect_err("zero ranks cannot share a batch").to_string();
+    assert!(zero_ranks.contains("the world size") && zero_ranks.contains("got 0"), "{zero_ranks}");
+    let overflow = micro_batch_size(i64::MAX, usize::MAX, 2).expect_err("the product overflows").to_string();
+    assert!(overflow.contains("world size x accumulation steps"), "{overflow}");
+    let negative = micro_batch_size(-1, 2, 2).expect_err("a negative batch").to_string();
+    assert!(negative.contains("the global batch") && negative.contains("-1"), "{negative}");
+    assert_eq!(micro_batch_size(32, 2, 2).expect("32 = 8 x 2 x 2"), 8);
+}
