@@ -117,7 +117,9 @@ fn running_out_of_memory_is_one_clear_error_that_says_what_to_lower() {
 
 #[test]
 fn the_examples_bad_flags_and_variables_exit_2_with_a_message_not_a_panic() {
-    let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
+    // (flags, environment, what the message must say)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
         (&["--world-size", "0", "--global-batch-size", "32"], &[], "the world size"),
         (&["--global-batch-size", "18446744073709551615"], &[], "too large"),
         (&["--steps", "1"], &[("DDP_TIMEOUT_SECS", "abc")], "DDP_TIMEOUT_SECS"),

@@ -21,14 +21,20 @@ use crate::dist::{DistError, ProcessGroup};
 /// `chunks[r]`. The other chunks may hold partial sums.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn ring_reduce_scatter(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Result<(), DistError> {
-    // TODO: run N - 1 steps, s = 0, 1, ..., N - 2. In step s:
-    //   1. send chunks[(r - 1 - s) mod N] to the right neighbour;
-    //   2. receive from the left neighbour into a new buffer shaped like
-    //      chunks[(r - 2 - s) mod N] (`chunks[i].empty_like()`);
-    //   3. add that buffer into chunks[(r - 2 - s) mod N] (`chunks[i] += &buffer`).
-    // Send before you receive: sends are buffered in the in-process backend,
-    // so every rank sending first cannot deadlock here (chapter 01 explains
-    // what real backends do instead). Return errors with `?`.
+    // TODO: N - 1 steps. In each, every rank passes one chunk to its right
+    // neighbour and adds the chunk that arrives from its left neighbour into
+    // its own copy of that chunk. Which chunk travels when is yours to work
+    // out: follow one chunk around the ring in the chapter's phase 1 table.
+    // The chunk a rank has just added into is the one it passes on, and after
+    // the last step the chunk that holds all N contributions is chunks[r].
+    // Keep: only `pg.send` and `pg.recv`, once each per step (the tests count
+    // the calls and the bytes); what arrives is ADDED, never written over your
+    // own contribution; every chunk keeps its length and dtype; N = 1 works
+    // (no steps at all).
+    // Yours to decide: where incoming values land before you add them, how to
+    // keep an index that goes below 0 inside 0..N, and whether a step sends or
+    // receives first (ask what each rank waits for if all do the same).
+    // Stuck? `cargo workbook hint 01` gives hints one at a time.
     todo!("exercise ch01: ring_reduce_scatter in src/ch01_collectives/exercise.rs")
 }
 
@@ -36,10 +42,16 @@ pub fn ring_reduce_scatter(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Resu
 /// chunk is complete on every rank.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn ring_all_gather(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Result<(), DistError> {
-    // TODO: run N - 1 steps, s = 0, 1, ..., N - 2. In step s:
-    //   1. send chunks[(r - s) mod N] (complete by now) to the right neighbour;
-    //   2. receive from the left neighbour straight into chunks[(r - 1 - s) mod N],
-    //      replacing the partial sum there (`pg.recv(&mut chunks[i], left)`).
+    // TODO: N - 1 more steps around the same ring. Each rank starts with one
+    // complete chunk and partial sums everywhere else; pass complete chunks
+    // on until every rank holds all N. The chapter's phase 2 table shows the
+    // schedule: a rank first sends the chunk it completed itself, then
+    // forwards whatever it received in the step before.
+    // Keep: one send and one recv per step, to the right and from the left;
+    // what arrives is complete, so it REPLACES the partial sum you hold there
+    // (adding would count contributions twice); this phase only copies, which
+    // is why every rank ends with exactly the same bits.
+    // Yours to decide: whether you still need a separate buffer to receive into.
     todo!("exercise ch01: ring_all_gather in src/ch01_collectives/exercise.rs")
 }
 // ANCHOR_END: stub

@@ -19,20 +19,22 @@ use crate::dist::ProcessGroup;
 /// rank differs; leaves every tensor unchanged.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn verify_replicas(pg: &dyn ProcessGroup, named: &[(String, Tensor)]) -> Result<(), InitError> {
-    // TODO: for each (name, tensor) in `named`, in order:
-    //   1. make a copy, `tensor.detach().copy()`, and broadcast rank 0's values
-    //      into it (`pg.broadcast(&mut copy, 0)?`). Do not broadcast into
-    //      `tensor` itself: you would overwrite what you want to compare.
-    //   2. this rank's verdict: the bits decide, `crate::check::same_bits(tensor, &copy)`
-    //      (-0.0 is not +0.0, and a NaN equals an identical NaN), and the
-    //      message shows the largest difference, `crate::check::max_abs_diff(tensor, &copy)`.
-    //   3. share both: `pg.all_gather(&Tensor::from_slice(&[differs, diff]))?` gives
-    //      every rank every rank's pair (read one with `.double_value(&[i])`).
-    //   4. if any rank differs, return
-    //      `Err(InitError::ReplicaMismatch { parameter, max_abs_diff, differing_ranks })`
-    //      with the tensor's name, the largest difference and the ranks that differ.
-    // Every rank takes the same decision from the same gathered numbers, so
-    // all ranks fail at the same tensor and none waits for a peer that left.
+    // TODO: for each tensor of `named`, in order, find out whether any rank
+    // holds other bits than rank 0, and if one does, stop every rank with the
+    // same error. A rank sees only its own tensor, so rank 0's values have to
+    // reach it first; and no rank may decide alone: a rank that returns an
+    // error while its peers go on to the next tensor leaves them waiting in a
+    // collective it will never join.
+    // Keep: every tensor of `named` unchanged; the bits decide (-0.0 is not
+    // +0.0, and a NaN equals an identical NaN), while the error reports the
+    // largest absolute difference; every rank makes the same collective calls
+    // in the same order and returns the same `InitError::ReplicaMismatch`, at
+    // the same tensor, naming every rank that differs.
+    // Yours to decide: which collective lets every rank take that same
+    // decision, and what each rank contributes to it.
+    // Available: `pg.broadcast`, `pg.all_gather`, `pg.all_reduce`,
+    // `crate::check::same_bits`, `crate::check::max_abs_diff`.
+    // Stuck? `cargo workbook hint 02` gives hints one at a time.
     todo!("exercise ch02: verify_replicas in src/ch02_replicas/exercise.rs")
 }
 // ANCHOR_END: stub

@@ -16,15 +16,24 @@ use crate::dist::{DistError, ProcessGroup};
 /// gradient over all ranks. Parameters without a gradient are skipped.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn sync_gradients(pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Result<(), DistError> {
-    // TODO: for each (name, param) in `params`, in order:
-    //   1. take a handle on its gradient: `let mut grad = param.grad();`
-    //      (it shares storage with the gradient, so writing to it updates it);
-    //   2. if `!grad.defined()`, the parameter has no gradient: skip it;
-    //   3. sum it over all ranks: `pg.all_reduce(&mut grad, ReduceOp::Sum)?`
-    //      (`use crate::dist::ReduceOp;`);
-    //   4. divide it by `pg.world_size()` in place, under `tch::no_grad(|| ...)`:
-    //      `let _ = grad.f_div_scalar_(n).map_err(torch_error(pg, "dividing"))?;`
-    //      (`use crate::dist::torch_error;` turns libtorch's error into a DistError).
+    // TODO: after backward, each rank's gradients are those of its own shard.
+    // Replace every one, in place, by its mean over all ranks: the optimizer
+    // reads `.grad`, so every rank then takes the same step, the one a single
+    // process would take on the whole batch (the chapter shows why the mean
+    // is exact).
+    // Keep: the mean lands in the parameter's own gradient, not in a copy;
+    // the gradient is divided by the world size exactly once; every rank
+    // makes the same calls for the same parameters in the same order, one
+    // collective per parameter that has a gradient (the tests count them);
+    // a parameter without a gradient takes no part; the arithmetic on
+    // gradients is bookkeeping, not part of the model (no autograd).
+    // Yours to decide: how the mean is formed and where the division goes
+    // (the chapter weighs the options), and how you recognise a parameter
+    // without a gradient.
+    // Available: `param.grad()`, `pg.all_reduce` with `crate::dist::ReduceOp`,
+    // `pg.world_size()`, `tch::no_grad`, and `crate::dist::torch_error`, which
+    // turns a libtorch error into a `DistError` that names the rank.
+    // Stuck? `cargo workbook hint 03` gives hints one at a time.
     todo!("exercise ch03: sync_gradients in src/ch03_averaging/exercise.rs")
 }
 // ANCHOR_END: stub

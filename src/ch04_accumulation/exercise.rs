@@ -20,11 +20,14 @@ use super::{AccumulatingDdp, AccumulationError};
 /// the `NoSyncGuard` puts back when the scope ends.
 #[allow(unused_variables)] // delete this line once you use the argument
 pub fn begin_no_sync(require_sync: &Cell<bool>) -> bool {
-    // TODO: read the switch's current state (`require_sync.get()`), turn it
-    // off (`require_sync.set(false)`), and return the state you read. (Cell
-    // has one method that does both at once: find it in its docs.)
-    // Do not simply return `true`: inside an outer `no_sync` scope the switch
-    // is already off, and when the inner scope closes it must stay off.
+    // TODO: open a no_sync scope. Afterwards the switch is off, and what you
+    // return is what the guard writes back when the scope closes.
+    // Keep: scopes nest. Inside an outer scope the switch is already off, and
+    // closing an inner scope must leave it off; closing the outermost scope
+    // turns it back on only if it was on when that scope opened.
+    // Yours to decide: how you keep the previous state (a `Cell<bool>` can be
+    // read, written, or both in one call: see its docs).
+    // Stuck? `cargo workbook hint 04` gives hints one at a time.
     todo!("exercise ch04: begin_no_sync in src/ch04_accumulation/exercise.rs")
 }
 // ANCHOR_END: begin_no_sync_stub
@@ -42,21 +45,23 @@ pub fn accumulate_and_step<M: Module>(
     micro_batches: &[(Tensor, Tensor)],
     loss_fn: impl Fn(&Tensor, &Tensor) -> Tensor,
 ) -> Result<f64, AccumulationError> {
-    // TODO:
-    //   1. `let k = super::check_micro_batches(micro_batches)?;` refuses an
-    //      empty list or micro-batches of different sizes before anything
-    //      changes; k is their number.
-    //   2. `optimizer.zero_grad();` (backward ADDS to .grad: start from nothing).
-    //   3. every micro-batch but the last, inside ONE no_sync scope (a block
-    //      `{ let _no_sync = ddp.no_sync(); for ... { ... } }`):
-    //        let loss = loss_fn(&ddp.forward(x), y) / k as f64; // why / k: see the chapter
-    //        ddp.backward(&loss)?;                            // adds to .grad, sends nothing
-    //      (`micro_batches.split_last()` gives you the last and the others.)
-    //   4. after that block, where the guard has put the switch back, the last
-    //      micro-batch the same way: its backward averages the summed
-    //      gradients over all ranks.
-    //   5. `optimizer.step();` and return the sum of the k divided losses
-    //      (`loss.double_value(&[])` reads one).
+    // TODO: one optimizer step from k micro-batches of this rank. backward
+    // ADDS to `.grad`, so the k gradients pile up there; they must add up to
+    // the gradient of the mean loss over all k micro-batches, the ranks must
+    // average them once, after the last backward, and then the optimizer
+    // steps once.
+    // Keep: bad input (no micro-batch, micro-batches of different sizes) is
+    // refused before anything changes; the previous step's gradients play no
+    // part; one all-reduce per parameter per optimizer step, not k (the tests
+    // count them); the sync switch ends as it was, however the function
+    // returns, `?` included; the returned loss is this rank's mean over its
+    // k micro-batches.
+    // Yours to decide: where the factor 1/k goes (the chapter shows what
+    // happens without it), and how you keep the first k - 1 backward passes
+    // from communicating while the last one does.
+    // Available: `super::check_micro_batches`, `optimizer.zero_grad()` and
+    // `.step()`, `ddp.forward`, `ddp.backward` (it syncs unless a no_sync
+    // scope is open), `ddp.no_sync()`, `ddp.no_sync_scope(..)`.
     todo!("exercise ch04: accumulate_and_step in src/ch04_accumulation/exercise.rs")
 }
 // ANCHOR_END: accumulate_stub

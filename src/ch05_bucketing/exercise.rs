@@ -22,22 +22,23 @@ use crate::dist::{DistError, ProcessGroup};
 /// in the order backward starts filling them: the last layer's first.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn plan_buckets(params: &[ParamMeta], cap_bytes: usize, first_cap_bytes: usize) -> Vec<Bucket> {
-    // TODO: keep a list of closed buckets and, per (kind, device), at most one
-    // open bucket being filled. For each index from params.len() - 1 down to 0:
-    //   - its limit: `first_cap_bytes` while no bucket of its (kind, device)
-    //     has been closed yet, `cap_bytes` after that;
-    //   - if the open bucket of its (kind, device) would grow past the limit
-    //     with this parameter (`bucket.bytes() + meta.bytes() > limit`),
-    //     close that bucket as it is;
-    //   - push the index into the open bucket of its (kind, device) (open a
-    //     new one with `Bucket::new(kind, device)` if there is none) and add
-    //     its `numel` to the bucket's `numel`;
-    //   - if that bucket now holds `>= limit` bytes (full, or a single
-    //     parameter at least as large as the cap), close it.
-    // At the end close the open buckets too, then sort all of them by their
-    // first member, largest index first: `sort_by_key(|b| Reverse(b.params[0]))`
-    // (`use std::cmp::Reverse;`): the order in which backward starts filling
-    // them (with mixed dtypes, not the order in which you closed them).
+    // TODO: decide, once and before any gradient exists, which gradients
+    // travel together. Walk the parameters in the order backward produces
+    // their gradients and pack them into buckets by the rules of the doc
+    // comment; the chapter works one model through them, step by step.
+    // Keep: every parameter in exactly one bucket, and no empty bucket; a
+    // bucket holds one dtype on one device, its `params` in the order you
+    // added them (their order in the buffer) and its `numel` the sum of
+    // theirs; caps and `bytes()` count bytes, `numel` counts elements; the
+    // result depends only on `params` and the caps, so that every rank plans
+    // the same layout.
+    // Yours to decide: the state you keep while walking (how to find the
+    // bucket being filled for a dtype and device, how to tell whether the
+    // first cap or the normal one applies), and how to bring the buckets
+    // into the order the doc comment asks for (with mixed dtypes, the order
+    // in which they closed is not it).
+    // Available: `Bucket::new(kind, device)`, `Bucket::bytes()`, `ParamMeta::bytes()`.
+    // Stuck? `cargo workbook hint 05` gives hints one at a time.
     todo!("exercise ch05: plan_buckets in src/ch05_bucketing/exercise.rs")
 }
 
@@ -53,23 +54,23 @@ pub fn sync_bucket(
     buffer: &mut Tensor,
     params: &[(String, Tensor)],
 ) -> Result<(), DistError> {
-    // TODO: inside `tch::no_grad(|| { ... })`:
-    //   1. copy in: walk `bucket.params` with a running `offset` (in elements).
-    //      Parameter `params[index].1` owns the slot
-    //      `let mut slot = buffer.narrow(0, offset, numel);` (a view: writing
-    //      to it writes the buffer). Copy its gradient there, flattened with
-    //      `grad.f_reshape([-1])`, by `slot.f_copy_(&flat)`. A parameter whose
-    //      `grad()` is not `defined()` gets zeros: `slot.f_zero_()`. So every
-    //      rank sends a buffer of the same size, whatever it computed.
-    //   2. `pg.all_reduce(buffer, ReduceOp::Sum)?` (`use crate::dist::ReduceOp;`),
-    //      then divide `buffer` in place by `pg.world_size()` (`f_div_scalar_`).
-    //   3. copy out: walk the slots again; for each parameter whose gradient is
-    //      defined (`let mut grad = param.grad();` shares its storage), copy
-    //      the slot, shaped like the gradient, into it:
-    //      `grad.f_copy_(&slot.f_view_as(&grad)...)`. Leave undefined
-    //      gradients undefined.
-    // The `f_...` calls return `Result<_, TchError>`; turn their errors into a
-    // DistError with `.map_err(crate::dist::torch_error(pg, "what you were doing"))?`.
+    // TODO: the bucket's gradients, flattened and back to back in the order
+    // of `bucket.params`, make up `buffer`. Fill it, average it over the
+    // ranks with one collective, and give each member its share back (the
+    // doc comment names the stages).
+    // Keep: the calls pair up across ranks: every rank all-reduces a buffer
+    // of the same length, whatever its loss touched, so a parameter without
+    // a gradient still fills its slot, with values that leave the others'
+    // sum alone; undefined gradients stay undefined; the averages end in the
+    // parameters' own gradients, in their shapes; the result must equal
+    // chapter 3's sync bitwise, which sums first and divides after; none of
+    // it is part of the model (no autograd).
+    // Yours to decide: how you find each member's slot, and how you write
+    // into it and read out of it without copying the whole bucket.
+    // Available: `pg.all_reduce` with `crate::dist::ReduceOp`,
+    // `pg.world_size()`, `param.grad()`, `Tensor::narrow`, `tch::no_grad`,
+    // and `crate::dist::torch_error` for the errors of the fallible `f_...`
+    // tensor calls.
     todo!("exercise ch05: sync_bucket in src/ch05_bucketing/exercise.rs")
 }
 // ANCHOR_END: stub
