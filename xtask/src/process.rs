@@ -71,7 +71,7 @@ pub fn run_with_lines(
             let (reader, writer) = io::pipe()?;
             command.stdout(writer.try_clone()?).stderr(writer);
             let child = command.spawn()?;
-            drop(command); // closes our copies of the pipe's write end: EOF comes when the child's close
+            drop(command); // closes our copies of the write end: EOF comes when the child's close too
             forward_lines(reader, Stream::Stdout, sender);
             child
         }
