@@ -1,11 +1,15 @@
-//! Chapter 06 exercise: cut the epoch's order into one equal shard per rank.
-//! This is the file you edit.
+//! Chapter 06 exercise: how many examples each rank gets, and which ones,
+//! epoch after epoch. This is the file you edit.
 //!
 //! Check your work: `cargo test --test chapter_06`
 //!
-//! `shard_len` in `mod.rs` calls your `samples_per_rank`; `shard` asks the
-//! library's `DistributedSampler` for the epoch's order (the seeded shuffle,
-//! already written) and calls your `shard_indices` with it.
+//! `shard_len` in `mod.rs` calls your `samples_per_rank`, and `shard` calls
+//! your `epoch_shard` with the library's `DistributedSampler`, which only
+//! holds the settings (`dataset_len()`, `num_replicas()`, `rank()`,
+//! `shuffle()`, `seed()`, `epoch()`, `drop_last()`). The chapter's tests
+//! train the whole DDP loop on the shards your code cuts.
+
+use crate::ddp::DistributedSampler;
 
 // ANCHOR: stub
 /// How many indices each of `num_replicas` ranks gets from a data set of
@@ -13,29 +17,41 @@
 /// is padded, `floor(dataset_len / num_replicas)` when it is dropped.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn samples_per_rank(dataset_len: usize, num_replicas: usize, drop_last: bool) -> usize {
-    // TODO: with `drop_last`, the examples that do not fill a whole round of
-    // `num_replicas` are dropped: integer division rounded down. Without it,
-    // the last round is filled up by padding: rounded up (`usize::div_ceil`).
+    // TODO: every rank must get the same number of examples, or one rank
+    // runs out of batches early and its peers wait in a collective it never
+    // joins. The two settings of `drop_last` fix what happens to the
+    // examples that do not fill a whole round of `num_replicas`.
+    // Stuck? `cargo workbook hint 06` gives hints one at a time.
     todo!("exercise ch06: samples_per_rank in src/ch06_sharding/exercise.rs")
 }
 
-/// Rank `rank`'s shard of `order` (the whole data set's order for this
-/// epoch, the same on every rank). The list is first made a multiple of
-/// `num_replicas` long, by repeating its start (`drop_last = false`) or by
-/// cutting its tail (`drop_last = true`); then rank `rank` takes positions
-/// `rank, rank + num_replicas, rank + 2 * num_replicas, ...` of it.
-#[allow(unused_variables)] // delete this line once you use the arguments
-pub fn shard_indices(order: &[i64], num_replicas: usize, rank: usize, drop_last: bool) -> Vec<i64> {
-    // TODO:
-    //   1. total_size = samples_per_rank(order.len(), num_replicas, drop_last) * num_replicas;
-    //   2. build the evened list of total_size indices: without drop_last,
-    //      `order` followed by its first elements again, wrapping around as
-    //      often as needed (10 examples on 4 ranks: order[0..10], order[0],
-    //      order[1]; 2 examples on 5 ranks wrap twice); with drop_last, the
-    //      first total_size elements of `order`. (One expression can do both:
-    //      think of the remainder operator `%` on the position.)
-    //   3. keep every num_replicas-th element, starting at position `rank`
-    //      (`.iter().skip(rank).step_by(num_replicas)`), not a contiguous block.
-    todo!("exercise ch06: shard_indices in src/ch06_sharding/exercise.rs")
+/// This rank's indices for the sampler's current epoch, in the order to
+/// visit them, `samples_per_rank(..)` of them: the whole data set's order
+/// for the epoch (a permutation drawn from `seed + epoch` when shuffling,
+/// `0, 1, 2, ...` otherwise; the same on every rank), made a multiple of
+/// `num_replicas` long by repeating its start (`drop_last = false`) or by
+/// cutting its tail (`drop_last = true`), then every `num_replicas`-th
+/// position of it, starting at position `rank`.
+#[allow(unused_variables)] // delete this line once you use the argument
+pub fn epoch_shard(sampler: &DistributedSampler) -> Vec<i64> {
+    // TODO: the ranks never talk while they sample, yet their shards must
+    // fit together: every rank derives the same epoch order from the same
+    // settings, and takes its own, disjoint part of it.
+    // Keep: every rank gets `samples_per_rank` indices, each in
+    // 0..dataset_len; over all ranks the shards cover the data set (with
+    // `drop_last`, all but the dropped tail) and overlap only in the padding;
+    // a new order every epoch, the same one on every rank; without shuffling,
+    // 0, 1, 2, ... every epoch; a data set smaller than the number of ranks
+    // still fills every shard.
+    // Yours to decide: how seed and epoch make the epoch's random order (the
+    // doc comment fixes the rule: PyTorch's), how padding repeats the start
+    // when it is longer than the data set, and how a rank picks its part
+    // (the doc comment says strided; the chapter says why not a block).
+    // Available: `crate::ddp::permutation(len, seed)`, the numbers 0..len in
+    // a seeded random order; your `samples_per_rank`. (The library's own
+    // `epoch_shard`, `shard_indices` and `sampler.indices()` are the
+    // reference: calling them would pass the tests and teach nothing.)
+    // Stuck? `cargo workbook hint 06` gives hints one at a time.
+    todo!("exercise ch06: epoch_shard in src/ch06_sharding/exercise.rs")
 }
 // ANCHOR_END: stub

@@ -1,19 +1,21 @@
 //! Chapter 06: sharding the data. Every rank must train on its own part of
 //! each epoch, or N ranks just repeat the same work. You write the heart of
 //! the distributed sampler: how many examples each rank gets
-//! (`samples_per_rank`) and which ones (`shard_indices`).
+//! (`samples_per_rank`) and which ones, epoch after epoch (`epoch_shard`:
+//! the epoch's order, shuffled the same way on every rank and anew every
+//! epoch, evened out, and cut into strided shards).
 //!
 //! Your code:           `cargo test --test chapter_06`
 //! The reference code:  `cargo test --features solutions --test chapter_06`
 //!
 //! Already solved, in the library (`src/ddp/`): the [`DistributedSampler`]
-//! (its settings, `set_epoch`, and the seeded shuffle that gives every rank
-//! the same order, [`permutation`]), the finished
+//! (its settings and `set_epoch`), the seeded shuffle [`permutation`], the
+//! finished
 //! [`SimpleDistributedDataParallelism`], one optimizer step with
 //! accumulation ([`train_step`]) and [`rows`], which looks a shard's rows up.
-//! The library's sampler cuts shards with the library's `shard_indices`;
-//! this chapter's [`shard`] and [`shard_len`] ask the same sampler for its
-//! epoch's order and cut it with YOURS.
+//! The library's sampler hands out shards with the library's `epoch_shard`;
+//! this chapter's [`shard`] and [`shard_len`] ask YOUR functions about the
+//! same sampler.
 //!
 //! The training run (`examples/train.rs`) is built from these: a sampler per
 //! rank, `set_epoch` every epoch, `train_step` on chunks of the shard,
@@ -35,12 +37,11 @@ pub use exercise as learner;
 pub use solution as learner;
 
 // ANCHOR: shard
-/// This rank's indices for the sampler's current epoch, cut by YOUR
-/// `learner::shard_indices`: what `sampler.indices()` returns once your
-/// code is right.
+/// This rank's indices for the sampler's current epoch, by YOUR
+/// `learner::epoch_shard`: what `sampler.indices()` returns once your code
+/// is right.
 pub fn shard(sampler: &DistributedSampler) -> Vec<i64> {
-    let order = sampler.epoch_order(); // the whole data set's order, the same on every rank
-    learner::shard_indices(&order, sampler.num_replicas(), sampler.rank(), sampler.drop_last())
+    learner::epoch_shard(sampler)
 }
 
 /// How many indices every rank gets per epoch, by YOUR

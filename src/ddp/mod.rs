@@ -52,6 +52,8 @@ pub use layout::{
 pub use no_sync::{BeginNoSync, NoSyncGuard, SyncSwitch};
 pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, Named, ReplicaCheck};
 pub use replicated::Replicated;
-pub use sampler::{permutation, rows, samples_per_rank, shard_indices, DistributedSampler, SamplerError};
+pub use sampler::{
+    epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler, SamplerError,
+};
 pub use step::train_step;
 pub use wrapper::SimpleDistributedDataParallelism;

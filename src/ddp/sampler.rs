@@ -169,7 +169,7 @@ impl DistributedSampler {
     /// This rank's indices for the current epoch, in the order to visit them:
     /// [`len`](Self::len) of them, each in `0..dataset_len`.
     pub fn indices(&self) -> Vec<i64> {
-        shard_indices(&self.epoch_order(), self.num_replicas, self.rank, self.drop_last)
+        epoch_shard(self)
     }
 }
 // ANCHOR_END: sampler
@@ -253,6 +253,20 @@ pub fn shard_indices(order: &[i64], num_replicas: usize, rank: usize, drop_last:
     evened.into_iter().skip(rank).step_by(num_replicas).collect()
 }
 // ANCHOR_END: shard_indices
+
+// ANCHOR: epoch_shard
+/// This rank's indices for the sampler's current epoch, in the order to
+/// visit them, `samples_per_rank(..)` of them: the whole data set's order
+/// for the epoch (a permutation drawn from `seed + epoch` when shuffling,
+/// `0, 1, 2, ...` otherwise; the same on every rank), made a multiple of
+/// `num_replicas` long by repeating its start (`drop_last = false`) or by
+/// cutting its tail (`drop_last = true`), then every `num_replicas`-th
+/// position of it, starting at position `rank`.
+pub fn epoch_shard(sampler: &DistributedSampler) -> Vec<i64> {
+    let order = sampler.epoch_order(); // the same list on every rank
+    shard_indices(&order, sampler.num_replicas(), sampler.rank(), sampler.drop_last())
+}
+// ANCHOR_END: epoch_shard
 
 // ANCHOR: rows
 /// The rows of `tensor` at `indices`, in that order: `[indices.len(), ..]`,

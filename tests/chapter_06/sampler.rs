@@ -217,9 +217,33 @@ fn the_same_seed_and_epoch_give_the_same_order_on_every_rank_and_every_run() {
 }
 
 #[test]
+fn the_epoch_order_is_the_permutation_of_seed_plus_epoch_as_in_pytorch() {
+    // The rule the doc comment and the chapter state: the order of epoch e
+    // is drawn from seed + e, so it is new every epoch and shared by every
+    // rank; without shuffling it is 0, 1, 2, ...
+    for (seed, epoch) in [(0, 0), (SEED, 3), (u64::MAX, 2)] {
+        let mut s = sampler(30, 1, 0, true, seed, false);
+        s.set_epoch(epoch);
+        let expected = ddp_workbook::ddp::permutation(30, seed.wrapping_add(epoch));
+        assert_eq!(
+            shard(&s),
+            expected,
+            "seed {seed}, epoch {epoch}: your order (left) against permutation(30, seed + epoch)"
+        );
+    }
+    let mut plain = sampler(7, 1, 0, false, SEED, false);
+    plain.set_epoch(5);
+    assert_eq!(
+        shard(&plain),
+        (0..7).collect::<Vec<i64>>(),
+        "shuffle = false: the order is 0..len every epoch"
+    );
+}
+
+#[test]
 fn different_seeds_give_different_orders() {
-    let orders: Vec<Vec<i64>> =
-        (0..8).map(|seed| sampler(40, 2, 0, true, seed, false).epoch_order()).collect();
+    // On one replica, the shard is the whole epoch's order.
+    let orders: Vec<Vec<i64>> = (0..8).map(|seed| shard(&sampler(40, 1, 0, true, seed, false))).collect();
     for a in 0..orders.len() {
         for b in a + 1..orders.len() {
             assert_ne!(orders[a], orders[b], "seeds {a} and {b} give the same order");
