@@ -13,7 +13,8 @@
 #   5. writes .cargo/libtorch.toml (git-ignored), which tells cargo where this
 #      machine's libtorch is, so that plain `cargo build` just works;
 #   6. installs mdBook, the tool that builds the book in chapters/;
-#   7. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
+#   7. renders the book to book/ (open book/index.html);
+#   8. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
 #      compiled once: 7-20 minutes on 2 cores) and Jupyter in .venv.
 # To add a step (MPI, NCCL, ...): write a `step_...` function and add its
 # name to STEPS and a title to TITLES at the bottom.
@@ -208,6 +209,18 @@ step_mdbook() {
     fi
 }
 
+# The book, rendered once, so that a learner can read it without a server:
+# open book/index.html. (`mdbook serve --open` rebuilds it live while you
+# edit.) Cheap, so it runs every time: the pages change with the code.
+step_book() {
+    local mdbook
+    mdbook="$(command -v mdbook || echo "$CARGO_BIN/mdbook")"
+    "$mdbook" build "$REPO_ROOT" >/dev/null 2>&1 ||
+        fail "mdbook build failed; run it yourself to see why: $mdbook build" \
+             "the book's sources are chapters/ (book.toml at the repository root)"
+    done_already "the book is in book/: open book/index.html (live: mdbook serve --open)"
+}
+
 # The notebooks' own set-up (evcxr_jupyter, Jupyter in .venv, the kernel)
 # lives in its own script, which notebooks/README.md documents.
 step_notebooks() {
@@ -222,7 +235,7 @@ step_notebooks() {
 
 # ------------------------------------------------------------------- main
 
-STEPS=(rust python venv torch libtorch_config mdbook notebooks)
+STEPS=(rust python venv torch libtorch_config mdbook book notebooks)
 TITLES=(
     "Rust toolchain"
     "Python 3"
@@ -230,6 +243,7 @@ TITLES=(
     "PyTorch $TORCH_VERSION (libtorch) in .venv"
     "tell cargo where libtorch is (.cargo/libtorch.toml)"
     "mdBook $MDBOOK_VERSION (builds the book)"
+    "the book, rendered to book/"
     "notebooks: evcxr_jupyter, Jupyter and the Rust kernel"
 )
 

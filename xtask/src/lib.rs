@@ -1,5 +1,6 @@
 //! xtask/src/lib.rs: the pieces of `cargo xtask test`, the ddp-workbook test
-//! suite (scripts/test.sh runs it). `main.rs` reads the command line and runs
+//! suite (scripts/test.sh runs it), and of `cargo workbook`, the learner's
+//! command (`xtask/src/bin/workbook.rs`). `main.rs` reads the command line and runs
 //! the checks in order; everything else lives in these modules so that the
 //! parsers can be unit-tested: `cargo test -p xtask`.
 //!
@@ -17,6 +18,7 @@ pub mod stubs_check; // `stubs`: exercises carry their solutions' docs
 pub mod test_checks; // `solutions` and `teeth`: which executables, and the verdicts
 pub mod test_executables; // building test executables and running one with JSON output
 pub mod tool_checks; // fmt, book, notebooks, clippy, train: external tools
+pub mod workbook; // `cargo workbook`: the learner's command (chapters, tests, hints)
 
 use std::path::{Path, PathBuf};
 

@@ -76,6 +76,8 @@ pub struct SuiteTally {
     pub passed: usize,
     pub failed: usize,
     pub ignored: usize,
+    /// Names of the tests that passed, in the order they finished.
+    pub passed_names: Vec<String>,
     /// Name and output of each failed test, in the order they failed.
     pub failures: Vec<(String, String)>,
     /// Tests that started and have not finished (yet, or ever: a crash or a
@@ -104,6 +106,7 @@ impl SuiteTally {
             TestEvent::Passed { name } => {
                 self.running.remove(&name);
                 self.passed += 1;
+                self.passed_names.push(name);
             }
             TestEvent::Ignored { name } => {
                 self.running.remove(&name);

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use xtask::report::{Outcome, Report};
-use xtask::{files_check, stubs_check, test_checks, tool_checks, Context};
+use xtask::{files_check, stubs_check, test_checks, tool_checks, workbook, Context};
 
 /// Every check, in the order the suite runs them, with what each one does.
 const CHECKS: &[(&str, &str)] = &[
@@ -24,6 +24,8 @@ const CHECKS: &[(&str, &str)] = &[
     ("includes", "every {{#include}} of the book names an existing file, anchor and lines"),
     ("files", "every repository path the docs and code mention exists; nothing points outside the repository"),
     ("stubs", "each exercise pub fn has its solution's doc comment and signature, and a todo!(\"exercise chNN: ...\")"),
+    ("hints", "each exercise has graded hints 1, 2, 3 in its hints.md, and its chapter page shows every one"),
+    ("runner", "cargo test -p xtask: the runner's and the workbook command's own tests (counted per test)"),
     ("solutions", "cargo test --features solutions: every test and doc test passes (counted per test)"),
     ("teeth", "each tests/chapter_NN.rs fails on the untouched stubs, saying `exercise chNN:` (one per chapter)"),
     ("notebooks", "every notebook runs in the Rust kernel (counted per notebook), is committed clean, and the runner's own tests pass"),
@@ -129,6 +131,8 @@ fn main() -> ExitCode {
             "includes" => tool_checks::includes(&ctx, &mut report),
             "files" => files(&ctx, &mut report),
             "stubs" => stubs(&ctx, &mut report),
+            "hints" => hints(&ctx, &mut report),
+            "runner" => test_checks::runner(&ctx, &mut report),
             "solutions" => test_checks::solutions(&ctx, &mut report),
             "teeth" => test_checks::teeth(&ctx, &mut report),
             "notebooks" => tool_checks::notebooks(&ctx, &mut report),
@@ -185,5 +189,19 @@ fn stubs(ctx: &Context, report: &mut Report) {
             Outcome::Fail,
             &format!("{counts}: {} problems (above)", outcome.problems.len()),
         );
+    }
+}
+
+fn hints(ctx: &Context, report: &mut Report) {
+    report.section("hints: every exercise has its graded hints, and the book shows them");
+    match workbook::hints::check_all(&ctx.root) {
+        Ok((count, problems)) if problems.is_empty() => {
+            report.check("hints", Outcome::Ok, &format!("{count} hints, each in its chapter's page"))
+        }
+        Ok((_, problems)) => {
+            problems.iter().for_each(|problem| println!("  {problem}"));
+            report.check("hints", Outcome::Fail, &format!("{} problems (above)", problems.len()));
+        }
+        Err(error) => report.check("hints", Outcome::Fail, &error),
     }
 }

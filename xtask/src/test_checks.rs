@@ -226,3 +226,39 @@ fn exercise_differs_from_head(ctx: &Context, nn: &str) -> bool {
         .status();
     !matches!(status, Ok(status) if status.success())
 }
+
+/// `runner`: the xtask crate's own tests (the parsers of this runner and of
+/// `cargo workbook`), counted per test like the solutions.
+pub fn runner(ctx: &Context, report: &mut Report) {
+    report.section("cargo test -p xtask (the runner's and the workbook command's own tests)");
+    let mut command = ctx.cargo();
+    command.args(["test", "-p", "xtask"]);
+    let captured = match process::run_logged(
+        command,
+        ctx.limit(Duration::from_secs(600)),
+        &ctx.log("runner.log"),
+        false,
+    ) {
+        Ok(captured) => captured,
+        Err(error) => {
+            return report.check("runner", Outcome::Fail, &format!("could not start cargo: {error}"))
+        }
+    };
+    let (passed, failed, ignored) = crate::libtest_json::sum_test_result_lines(&captured.output);
+    report.add_counts(passed, failed, ignored, "runner");
+    if !captured.finished.success() && failed == 0 {
+        process::print_last_lines(&captured.output, 30);
+        return report.check(
+            "runner",
+            Outcome::Fail,
+            "cargo test -p xtask failed outside any test (see above)",
+        );
+    }
+    if failed > 0 {
+        process::print_last_lines(&captured.output, 40);
+    }
+    report.tally_line(
+        "runner",
+        &format!("{passed} passed, {failed} failed, {ignored} ignored (counted per test)"),
+    );
+}

@@ -1,0 +1,200 @@
+//! xtask/src/bin/workbook.rs: `cargo workbook`, the learner's command, in
+//! the spirit of rustlings' CLI (`cargo workbook` is an alias in
+//! .cargo/config.toml; it builds in seconds and needs no libtorch itself):
+//!
+//!     cargo workbook                  # the chapters and how far you are
+//!     cargo workbook test 03          # run chapter 3's tests on your code, with a verdict
+//!     cargo workbook hint 03          # the next hint, one at a time
+//!     cargo workbook hint 03 sync_gradients 2
+//!     cargo workbook watch 03         # run `test 03` again whenever you save
+//!
+//! Underneath it is `cargo test --test chapter_NN`, which stays the
+//! documented way to check a chapter.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use xtask::libtest_json::SuiteTally;
+use xtask::workbook::{self, hints, verdict, Chapter};
+use xtask::{test_executables, Context};
+
+const HELP: &str = "cargo workbook: work through the ddp-workbook chapters
+
+Usage:
+  cargo workbook [list]             the chapters, their exercises and state
+  cargo workbook test NN            run chapter NN's tests on your exercise, with a verdict
+  cargo workbook hint NN [FN [K]]   the next hint for chapter NN (or hint K of function FN)
+  cargo workbook watch NN           run `test NN` again each time a file of the chapter changes
+Plain `cargo test --test chapter_NN` runs the same tests.";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ctx = match Context::new() {
+        Ok(ctx) => ctx,
+        Err(error) => return fail(&format!("cannot create target/test-logs: {error}")),
+    };
+    let chapters = match workbook::chapters(&ctx.root) {
+        Ok(chapters) => chapters,
+        Err(error) => return fail(&format!("cannot read the chapters under src/: {error}")),
+    };
+    let chapter = |asked: &str| {
+        workbook::find(&chapters, asked).ok_or_else(|| {
+            let known: Vec<&str> = chapters.iter().map(|c| c.number.as_str()).collect();
+            format!("there is no chapter {asked:?} with an exercise; the chapters are {}", known.join(", "))
+        })
+    };
+    let result = match words.as_slice() {
+        [] | ["list"] => list(&ctx, &chapters),
+        ["test", asked] => chapter(asked).and_then(|c| test(&ctx, c).map(|_| ())),
+        ["hint", asked, rest @ ..] => chapter(asked).and_then(|c| hint(&ctx, c, rest)),
+        ["watch", asked] => chapter(asked).and_then(|c| watch(&ctx, c)),
+        ["-h" | "--help" | "help"] => {
+            println!("{HELP}");
+            Ok(())
+        }
+        _ => Err(format!("I do not know {:?}.\n\n{HELP}", args.join(" "))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(&message),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("cargo workbook: {message}");
+    ExitCode::from(2)
+}
+
+/// The chapters: untouched ones without running anything, the others by
+/// running their tests.
+fn list(ctx: &Context, chapters: &[Chapter]) -> Result<(), String> {
+    println!("chapter  exercises                                   state");
+    for chapter in chapters {
+        let state = if chapter.untouched() {
+            "not started".to_string()
+        } else {
+            match run_tests(ctx, chapter, false)? {
+                Some(t) if t.failed == 0 && t.passed > 0 => format!("passing: all {} claims hold", t.passed),
+                Some(t) => format!("failing: {} of {} claims hold", t.passed, t.passed + t.failed),
+                None => "does not compile (cargo workbook test shows why)".to_string(),
+            }
+        };
+        println!("   {}    {:<42}  {state}", chapter.number, chapter.exercises.join(", "));
+    }
+    println!(
+        "\nNext: `cargo workbook test NN` for a chapter's verdict, `cargo workbook hint NN` when stuck."
+    );
+    Ok(())
+}
+
+/// Builds and runs chapter `chapter`'s tests on the learner's code; `None`
+/// when they do not compile (the errors are printed when `echo` is set).
+fn run_tests(ctx: &Context, chapter: &Chapter, echo: bool) -> Result<Option<SuiteTally>, String> {
+    if !ctx.root.join(".cargo").join("libtorch.toml").is_file() {
+        return Err("libtorch is not set up in this checkout: run scripts/setup.sh once (see README)".into());
+    }
+    let log_path = ctx.log(&format!("workbook-{}.log", chapter.test_target()));
+    let mut log =
+        std::fs::File::create(&log_path).map_err(|e| format!("cannot write {}: {e}", log_path.display()))?;
+    let io = |e: std::io::Error| format!("cannot run cargo: {e}");
+    let (built, outcome) =
+        test_executables::build(ctx, &["--test", &chapter.test_target()], None, &mut log, false)
+            .map_err(io)?;
+    let Some(executable) = outcome.executables_in_run_order().into_iter().next().filter(|_| built.success())
+    else {
+        if echo {
+            test_executables::print_errors(&outcome, 40);
+            println!("(full log: {})", ctx.display(&log_path));
+        }
+        return Ok(None);
+    };
+    let (_, tally) = test_executables::run(ctx, &executable, None, &mut log).map_err(io)?;
+    Ok(Some(tally))
+}
+
+/// `cargo workbook test NN`: the verdict, then what to do next. Returns
+/// whether every claim holds.
+fn test(ctx: &Context, chapter: &Chapter) -> Result<bool, String> {
+    println!("running `cargo test --test {}` on your code ...", chapter.test_target());
+    let Some(tally) = run_tests(ctx, chapter, true)? else {
+        println!("\nYour code does not compile yet: the first errors are above.");
+        return Ok(false);
+    };
+    println!();
+    verdict::describe(chapter, &tally).iter().for_each(|line| println!("{line}"));
+    let all_hold = tally.failed == 0 && tally.passed > 0;
+    if all_hold {
+        println!("\nEvery claim of chapter {} holds. Compare with the reference (the book's", chapter.number);
+        println!(
+            "\"Reference solution\", or {}), then go on.",
+            ctx.display(&chapter.folder.join("solution.rs"))
+        );
+    } else {
+        println!("\nStuck? `cargo workbook hint {}` shows the next hint.", chapter.number);
+    }
+    Ok(all_hold)
+}
+
+/// `cargo workbook hint NN [FN [K]]`.
+fn hint(ctx: &Context, chapter: &Chapter, rest: &[&str]) -> Result<(), String> {
+    let file = chapter.hints_file();
+    let text =
+        std::fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", ctx.display(&file)))?;
+    let all = hints::parse(&text);
+    let mut seen = hints::Seen::load(&ctx.root);
+    let chosen = match rest {
+        [] => {
+            // The exercises still unwritten first, then the others.
+            let written = chapter.exercises.iter().filter(|f| !chapter.unwritten.contains(f));
+            let order: Vec<String> = chapter.unwritten.iter().chain(written).cloned().collect();
+            hints::next(&all, &order, |f| seen.count(&chapter.number, f))
+        }
+        [function] => all
+            .iter()
+            .find(|h| &h.function == function && h.step == seen.count(&chapter.number, function) + 1),
+        [function, step] => all.iter().find(|h| &h.function == function && step.parse() == Ok(h.step)),
+        _ => return Err(format!("usage: cargo workbook hint {} [FUNCTION [STEP]]", chapter.number)),
+    };
+    let Some(hint) = chosen else {
+        let functions: Vec<&str> = chapter.exercises.iter().map(String::as_str).collect();
+        println!(
+            "No further hint there: ask for one by name and step, e.g. `cargo workbook hint {} {} 1`",
+            chapter.number, functions[0]
+        );
+        return Ok(());
+    };
+    let steps = all.iter().filter(|h| h.function == hint.function).count();
+    println!(
+        "chapter {}, `{}`: hint {} of {steps}\n\n{}\n",
+        chapter.number, hint.function, hint.step, hint.text
+    );
+    seen.saw(&chapter.number, &hint.function, hint.step)
+        .map_err(|e| format!("cannot record the hint: {e}"))?;
+    if hint.step < steps {
+        println!("(`cargo workbook hint {}` again for the next one)", chapter.number);
+    }
+    Ok(())
+}
+
+/// `cargo workbook watch NN`: test, then wait for a change in the chapter's
+/// folder, and again, until Ctrl-C.
+fn watch(ctx: &Context, chapter: &Chapter) -> Result<(), String> {
+    let newest = || -> SystemTime {
+        std::fs::read_dir(&chapter.folder)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
+            .max()
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    };
+    loop {
+        let seen = newest();
+        test(ctx, chapter)?;
+        println!("\nwatching {} for changes (Ctrl-C to stop) ...", ctx.display(&chapter.folder));
+        while newest() == seen {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        println!("\n{}\n", "-".repeat(72));
+    }
+}

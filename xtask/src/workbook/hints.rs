@@ -1,0 +1,146 @@
+//! xtask/src/workbook/hints.rs: the graded hints of a chapter, read from
+//! `src/chNN_*/hints.md`, where each hint sits between
+//! `<!-- ANCHOR: <function>-<n> -->` and `<!-- ANCHOR_END: <function>-<n> -->`
+//! (the book includes the same blocks, collapsed), and which of them the
+//! learner has already seen. Unit tests: xtask/tests/workbook.rs.
+
+use std::path::{Path, PathBuf};
+
+/// One hint: for which exercise, which step (1 = the idea, then the API,
+/// then near-code), and its Markdown text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hint {
+    pub function: String,
+    pub step: usize,
+    pub text: String,
+}
+
+/// Every hint of a hints file's text, in file order.
+pub fn parse(text: &str) -> Vec<Hint> {
+    let mut hints = Vec::new();
+    let mut open: Option<(String, usize, Vec<&str>)> = None;
+    for line in text.lines() {
+        let marker = line.trim().strip_prefix("<!--").and_then(|l| l.strip_suffix("-->")).map(str::trim);
+        match marker {
+            Some(m) if m.starts_with("ANCHOR:") => {
+                let name = m["ANCHOR:".len()..].trim();
+                if let Some((function, step)) = name.rsplit_once('-') {
+                    if let Ok(step) = step.parse() {
+                        open = Some((function.to_string(), step, Vec::new()));
+                    }
+                }
+            }
+            Some(m) if m.starts_with("ANCHOR_END:") => {
+                if let Some((function, step, lines)) = open.take() {
+                    hints.push(Hint { function, step, text: lines.join("\n").trim().to_string() });
+                }
+            }
+            _ => {
+                if let Some((_, _, lines)) = open.as_mut() {
+                    lines.push(line);
+                }
+            }
+        }
+    }
+    hints
+}
+
+/// How many hints of each exercise the learner has seen, kept in
+/// `target/workbook/hints-seen.txt` as lines `NN function count`.
+pub struct Seen {
+    file: PathBuf,
+    entries: Vec<(String, String, usize)>,
+}
+
+impl Seen {
+    pub fn load(root: &Path) -> Seen {
+        let file = root.join("target").join("workbook").join("hints-seen.txt");
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let entries = text
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.split_whitespace();
+                Some((parts.next()?.to_string(), parts.next()?.to_string(), parts.next()?.parse().ok()?))
+            })
+            .collect();
+        Seen { file, entries }
+    }
+
+    pub fn count(&self, chapter: &str, function: &str) -> usize {
+        self.entries.iter().find(|(c, f, _)| c == chapter && f == function).map_or(0, |e| e.2)
+    }
+
+    /// Records that hint `step` of `function` has been shown.
+    pub fn saw(&mut self, chapter: &str, function: &str, step: usize) -> std::io::Result<()> {
+        match self.entries.iter_mut().find(|(c, f, _)| c == chapter && f == function) {
+            Some(entry) => entry.2 = entry.2.max(step),
+            None => self.entries.push((chapter.to_string(), function.to_string(), step)),
+        }
+        if let Some(folder) = self.file.parent() {
+            std::fs::create_dir_all(folder)?;
+        }
+        let text: String = self.entries.iter().map(|(c, f, n)| format!("{c} {f} {n}\n")).collect();
+        std::fs::write(&self.file, text)
+    }
+}
+
+/// The hint to show next: for the first exercise in `order` whose hints are
+/// not all seen, the one after the last seen; `None` when all were shown.
+pub fn next<'a>(hints: &'a [Hint], order: &[String], seen: impl Fn(&str) -> usize) -> Option<&'a Hint> {
+    order.iter().find_map(|function| {
+        let shown = seen(function);
+        hints.iter().find(|h| &h.function == function && h.step == shown + 1)
+    })
+}
+
+/// The `hints` check: every exercise of every chapter has hints 1, 2, 3 (at
+/// least two, numbered from 1 without gaps), and the chapter's book page
+/// includes each one. Returns the number of hints and the problems found.
+pub fn check_all(root: &Path) -> Result<(usize, Vec<String>), String> {
+    let chapters = super::chapters(root).map_err(|e| format!("cannot read the chapters: {e}"))?;
+    let mut problems = Vec::new();
+    let mut count = 0;
+    for chapter in &chapters {
+        let file = chapter.hints_file();
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            problems.push(format!("chapter {}: no {}", chapter.number, file.display()));
+            continue;
+        };
+        let hints = parse(&text);
+        let page = page_text(root, &chapter.number);
+        for function in &chapter.exercises {
+            let steps: Vec<usize> =
+                hints.iter().filter(|h| &h.function == function).map(|h| h.step).collect();
+            if steps.len() < 2 || steps.iter().enumerate().any(|(i, &step)| step != i + 1) {
+                problems.push(format!(
+                    "chapter {}: `{function}` has hints {steps:?}; give it 1, 2, 3",
+                    chapter.number
+                ));
+            }
+            for step in steps {
+                count += 1;
+                let anchor = format!("hints.md:{function}-{step}}}}}");
+                if !page.contains(&anchor) {
+                    problems.push(format!(
+                        "chapter {}: its page does not show hint {step} of `{function}`",
+                        chapter.number
+                    ));
+                }
+            }
+        }
+    }
+    Ok((count, problems))
+}
+
+/// The text of the book page `chapters/NN-*.md` (empty if there is none).
+fn page_text(root: &Path, number: &str) -> String {
+    let Ok(pages) = std::fs::read_dir(root.join("chapters")) else { return String::new() };
+    pages
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{number}-")))
+        })
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default()
+}

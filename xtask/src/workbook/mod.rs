@@ -1,0 +1,92 @@
+//! xtask/src/workbook/mod.rs: what `cargo workbook` knows about the
+//! chapters: where each one's files are, which exercises it has, and how far
+//! the learner has got. The command itself is `xtask/src/bin/workbook.rs`.
+//! Unit tests: xtask/tests/workbook.rs (`cargo test -p xtask`).
+
+pub mod hints;
+pub mod verdict;
+
+use std::path::{Path, PathBuf};
+
+use crate::rust_source::public_fns;
+
+/// One chapter with an exercise: `src/chNN_topic/exercise.rs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chapter {
+    /// "03"
+    pub number: String,
+    /// The first heading of `chapters/NN-*.md`, or the folder's topic.
+    pub title: String,
+    /// `src/chNN_topic/`
+    pub folder: PathBuf,
+    /// The exercise's `pub fn`s, in file order.
+    pub exercises: Vec<String>,
+    /// Those still holding their `todo!("exercise chNN: ...")`.
+    pub unwritten: Vec<String>,
+}
+
+impl Chapter {
+    /// `tests/chapter_NN.rs`'s test target.
+    pub fn test_target(&self) -> String {
+        format!("chapter_{}", self.number)
+    }
+
+    pub fn exercise_file(&self) -> PathBuf {
+        self.folder.join("exercise.rs")
+    }
+
+    pub fn hints_file(&self) -> PathBuf {
+        self.folder.join("hints.md")
+    }
+
+    /// No exercise written yet: every stub still holds its `todo!`.
+    pub fn untouched(&self) -> bool {
+        self.unwritten.len() == self.exercises.len()
+    }
+}
+
+/// Every chapter under `root/src` with an `exercise.rs`, in chapter order.
+pub fn chapters(root: &Path) -> std::io::Result<Vec<Chapter>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(root.join("src"))? {
+        let folder = entry?.path();
+        let Some(name) = folder.file_name().and_then(|n| n.to_str()).map(str::to_string) else { continue };
+        let exercise = folder.join("exercise.rs");
+        let Some(number) = name.strip_prefix("ch").and_then(|rest| rest.get(..2)) else { continue };
+        if !number.chars().all(|c| c.is_ascii_digit()) || !exercise.is_file() {
+            continue;
+        }
+        let number = number.to_string();
+        let source = std::fs::read_to_string(&exercise)?;
+        let marker = format!("todo!(\"exercise ch{number}:");
+        let fns = public_fns(&source);
+        let exercises = fns.iter().map(|f| f.name.clone()).collect();
+        let unwritten = fns
+            .iter()
+            .filter(|f| f.body.as_deref().is_some_and(|body| body.contains(&marker)))
+            .map(|f| f.name.clone())
+            .collect();
+        let topic = name.get(5..).unwrap_or("").replace('_', " ");
+        let title = page_title(root, &number).unwrap_or(topic);
+        found.push(Chapter { number, title, folder, exercises, unwritten });
+    }
+    found.sort_by(|a, b| a.number.cmp(&b.number));
+    Ok(found)
+}
+
+/// The `# Title` of the book page `chapters/NN-*.md`.
+fn page_title(root: &Path, number: &str) -> Option<String> {
+    let pages = std::fs::read_dir(root.join("chapters")).ok()?;
+    let page = pages.filter_map(Result::ok).map(|e| e.path()).find(|p| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{number}-")))
+    })?;
+    let text = std::fs::read_to_string(page).ok()?;
+    text.lines().find_map(|line| line.strip_prefix("# ")).map(|t| t.trim().to_string())
+}
+
+/// The chapter the learner named: "3", "03", "ch03" or "chapter_03".
+pub fn find<'a>(chapters: &'a [Chapter], asked: &str) -> Option<&'a Chapter> {
+    let digits: String = asked.chars().filter(char::is_ascii_digit).collect();
+    let number: u32 = digits.parse().ok()?;
+    chapters.iter().find(|c| c.number.parse::<u32>().ok() == Some(number))
+}
