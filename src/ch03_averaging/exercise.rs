@@ -33,6 +33,9 @@ pub fn sync_gradients(pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Res
     // Available: `param.grad()`, `pg.all_reduce` with `crate::dist::ReduceOp`,
     // `pg.world_size()`, `tch::no_grad`, and `crate::dist::torch_error`, which
     // turns a libtorch error into a `DistError` that names the rank.
+    // In place: `grad /= n` divides and cannot fail; tch's fallible `f_...`
+    // versions return a second handle on the tensor they changed, which Rust
+    // asks you to use, so write `let _ = grad.f_div_scalar_(n).map_err(..)?;`.
     // Stuck? `cargo workbook hint 03` gives hints one at a time.
     todo!("exercise ch03: sync_gradients in src/ch03_averaging/exercise.rs")
 }

@@ -70,7 +70,10 @@ pub fn sync_bucket(
     // Available: `pg.all_reduce` with `crate::dist::ReduceOp`,
     // `pg.world_size()`, `param.grad()`, `Tensor::narrow`, `tch::no_grad`,
     // and `crate::dist::torch_error` for the errors of the fallible `f_...`
-    // tensor calls.
+    // tensor calls. `f_copy_` returns `Result<(), _>`; the other in-place
+    // `f_..._` calls (`f_zero_`, `f_div_scalar_`) return a second handle on
+    // the tensor they changed, which Rust asks you to use: `let _ = ...?;`
+    // (or `buffer /= n`, which cannot fail).
     todo!("exercise ch05: sync_bucket in src/ch05_bucketing/exercise.rs")
 }
 // ANCHOR_END: stub

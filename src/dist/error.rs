@@ -95,6 +95,14 @@ pub fn cause_in_words(message: &str) -> String {
         .trim_start_matches(": ")
         .to_string();
     }
+    // libtorch's words for an operation on an undefined tensor name no
+    // cause a learner would recognise; the usual one is a missing gradient.
+    if text.contains("does not have a device") || text.contains("undefined Tensor") {
+        return format!(
+            "{text} (the tensor is undefined: a gradient that was never computed? check \
+             `.defined()` before using it)"
+        );
+    }
     text.to_string()
 }
 

@@ -32,7 +32,34 @@ pub const TOLERANCE: f64 = 1e-10;
 pub const TIMEOUT: Duration = Duration::from_secs(20);
 
 pub fn spawn_options(world_size: usize) -> SpawnOptions {
+    quiet_libtorch_panics();
     SpawnOptions::new(world_size).timeout(TIMEOUT)
+}
+
+/// A learner's tch call that panics (`param.grad().copy()` on a parameter
+/// without a gradient, say) carries libtorch's C++ stack in its message,
+/// thirty lines of frames per rank. Print its cause in one line instead, and
+/// every other panic (the tests' own reports) as it is.
+pub fn quiet_libtorch_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("(a panic without a message)");
+            let text = if message.contains("Torch(\"") {
+                ddp_workbook::dist::panic_in_words(message)
+            } else {
+                message.to_string()
+            };
+            let thread = std::thread::current();
+            let location = info.location().map(|l| l.to_string()).unwrap_or_default();
+            eprintln!("thread '{}' panicked at {location}:\n{text}", thread.name().unwrap_or("<unnamed>"));
+        }));
+    });
 }
 
 /// Runs `f` on `world_size` rank threads and returns what each returned; a
