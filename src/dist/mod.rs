@@ -20,6 +20,7 @@
 mod call;
 mod error;
 mod local;
+mod p2p;
 mod spawn;
 mod tag;
 mod world;

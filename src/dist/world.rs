@@ -30,11 +30,12 @@ struct SubGroup {
 }
 
 #[derive(Default)]
-struct State {
+pub(super) struct State {
     slots: HashMap<u64, Slot>,
-    mailboxes: HashMap<(usize, usize), VecDeque<Tensor>>,
+    /// Point-to-point messages in flight, by (source, destination): `p2p.rs`.
+    pub(super) mailboxes: HashMap<(usize, usize), VecDeque<Tensor>>,
     /// Why each rank left the group, once it has.
-    gone: Vec<Option<String>>,
+    pub(super) gone: Vec<Option<String>>,
     /// Keyed by the number of the collective call that agreed on it.
     sub_groups: HashMap<u64, SubGroup>,
 }
@@ -48,7 +49,7 @@ pub(crate) struct World {
     /// Appended to call names in errors: "" or " of sub-group [2, 3]".
     pub label: String,
     state: Mutex<State>,
-    changed: Condvar,
+    pub(super) changed: Condvar,
 }
 
 impl World {
@@ -62,7 +63,7 @@ impl World {
         World { size, global, timeout, label, state: Mutex::new(state), changed: Condvar::new() }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // Only plain bookkeeping runs under this lock (tensor work and user
         // code run outside it), so a poisoned lock can only come from a bug
         // in an update that cannot leave the state half-written.
@@ -244,45 +245,6 @@ impl World {
         }
     }
 
-    /// Queues a message from `src` to `dst`, unless `dst` has left.
-    pub fn post(&self, src: usize, dst: usize, message: Tensor, op_name: &str) -> Result<(), DistError> {
-        let mut state = self.lock();
-        if let Some(reason) = state.gone[dst].clone() {
-            let (rank, peer) = (self.global[src], self.global[dst]);
-            return Err(DistError::PeerGone { rank, op: op_name.to_string(), peer, reason });
-        }
-        state.mailboxes.entry((src, dst)).or_default().push_back(message);
-        drop(state);
-        self.changed.notify_all();
-        Ok(())
-    }
-
-    /// Takes the oldest message from `src` to `dst`, waiting for one to come.
-    /// Messages that `src` sent before it left are still delivered.
-    pub fn take_message(&self, src: usize, dst: usize, op_name: &str) -> Result<Tensor, DistError> {
-        let deadline = Instant::now().checked_add(self.timeout);
-        let mut state = self.lock();
-        loop {
-            if let Some(message) = state.mailboxes.get_mut(&(src, dst)).and_then(VecDeque::pop_front) {
-                return Ok(message);
-            }
-            let op = op_name.to_string();
-            if let Some(reason) = state.gone[src].clone() {
-                return Err(DistError::PeerGone {
-                    rank: self.global[dst],
-                    op,
-                    peer: self.global[src],
-                    reason,
-                });
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                let (rank, missing) = (self.global[dst], vec![self.global[src]]);
-                return Err(DistError::Timeout { rank, op, missing, waited: self.timeout });
-            }
-            state = self.wait(state, deadline);
-        }
-    }
-
     /// The world of the sub-group agreed on in collective call `key`, made by
     /// the first member to ask. Members ask before `new_group` returns, so
     /// before they can leave: `leave` always finds the sub-group here.
@@ -299,7 +261,11 @@ impl World {
 
     /// Sleeps until something changes or the deadline passes (spurious
     /// wake-ups are fine: every caller re-checks in a loop).
-    fn wait<'a>(&self, state: MutexGuard<'a, State>, deadline: Option<Instant>) -> MutexGuard<'a, State> {
+    pub(super) fn wait<'a>(
+        &self,
+        state: MutexGuard<'a, State>,
+        deadline: Option<Instant>,
+    ) -> MutexGuard<'a, State> {
         match deadline {
             Some(deadline) => {
                 let left = deadline.saturating_duration_since(Instant::now());

@@ -1,0 +1,53 @@
+//! Point-to-point messages of the in-process backend: `send` queues a copy in
+//! the destination's mailbox and returns (a buffered send), `recv` takes the
+//! oldest message from a source, waiting for one. Part of [`World`]; the
+//! rendezvous of collectives is in `world.rs`. Try it: `cargo test --test dist`.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use tch::Tensor;
+
+use super::world::World;
+use super::DistError;
+
+impl World {
+    /// Queues a message from `src` to `dst`, unless `dst` has left.
+    pub fn post(&self, src: usize, dst: usize, message: Tensor, op_name: &str) -> Result<(), DistError> {
+        let mut state = self.lock();
+        if let Some(reason) = state.gone[dst].clone() {
+            let (rank, peer) = (self.global[src], self.global[dst]);
+            return Err(DistError::PeerGone { rank, op: op_name.to_string(), peer, reason });
+        }
+        state.mailboxes.entry((src, dst)).or_default().push_back(message);
+        drop(state);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Takes the oldest message from `src` to `dst`, waiting for one to come.
+    /// Messages that `src` sent before it left are still delivered.
+    pub fn take_message(&self, src: usize, dst: usize, op_name: &str) -> Result<Tensor, DistError> {
+        let deadline = Instant::now().checked_add(self.timeout);
+        let mut state = self.lock();
+        loop {
+            if let Some(message) = state.mailboxes.get_mut(&(src, dst)).and_then(VecDeque::pop_front) {
+                return Ok(message);
+            }
+            let op = op_name.to_string();
+            if let Some(reason) = state.gone[src].clone() {
+                return Err(DistError::PeerGone {
+                    rank: self.global[dst],
+                    op,
+                    peer: self.global[src],
+                    reason,
+                });
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let (rank, missing) = (self.global[dst], vec![self.global[src]]);
+                return Err(DistError::Timeout { rank, op, missing, waited: self.timeout });
+            }
+            state = self.wait(state, deadline);
+        }
+    }
+}
