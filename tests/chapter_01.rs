@@ -5,6 +5,12 @@
 //! Your code:      `cargo test --test chapter_01`
 //! The reference:  `cargo test --features solutions --test chapter_01`
 //! Each test runs every world size from 1 to 5 on the in-process backend.
+//! `chapter_01/all_gather.rs` checks phase 2 on its own.
+
+// `#[path]`, because a module file directly in `tests/` would be built as a
+// test binary of its own.
+#[path = "chapter_01/all_gather.rs"]
+mod all_gather;
 
 use std::time::Duration;
 

@@ -6,8 +6,13 @@
 //! Your code:           `cargo test --test chapter_02`
 //! The reference code:  `cargo test --features solutions --test chapter_02`
 //! See the messages:    add `-- --nocapture`
+//! `chapter_02/several_ranks.rs`: several ranks that differ at once.
 
 mod common;
+// `#[path]`, because a module file directly in `tests/` would be built as a
+// test binary of its own.
+#[path = "chapter_02/several_ranks.rs"]
+mod several_ranks;
 
 use std::time::{Duration, Instant};
 

@@ -56,9 +56,10 @@ fn data() -> Regression {
 struct RankRun {
     /// Every parameter after each `optimizer.step()`.
     after_each_step: Vec<Named>,
-    /// How many all-reduces each step made, and how many parameters had a
-    /// gradient to send.
+    /// How many all-reduces each step made, how many collectives of any
+    /// kind, and how many parameters had a gradient to send.
     all_reduces: Vec<u64>,
+    collectives: Vec<u64>,
     with_gradient: Vec<u64>,
 }
 
@@ -71,9 +72,14 @@ fn train_ddp(world_size: i64, optim: Optim, sync: bool, build: fn() -> (VarStore
         let (vs, model) = build();
         let mut optimizer = optim.build(&vs)?;
         let ddp = NaiveDdp::new(model, &vs, pg)?;
-        let mut run = RankRun { after_each_step: vec![], all_reduces: vec![], with_gradient: vec![] };
+        let mut run = RankRun {
+            after_each_step: vec![],
+            all_reduces: vec![],
+            collectives: vec![],
+            with_gradient: vec![],
+        };
         for step in 0..STEPS as i64 {
-            let calls_before = ddp.stats().all_reduce;
+            let before = ddp.stats();
             let rows = GLOBAL_BATCH / world_size; // every rank gets as many rows
             let (x, y) = data.batch(step * GLOBAL_BATCH + rank * rows, rows); // its own slice
             if sync {
@@ -83,7 +89,9 @@ fn train_ddp(world_size: i64, optim: Optim, sync: bool, build: fn() -> (VarStore
                 ddp.backward_local(&mse(&ddp.forward(&x), &y))?;
                 optimizer.step(); // each rank with its own gradient
             }
-            run.all_reduces.push(ddp.stats().all_reduce - calls_before);
+            let after = ddp.stats();
+            run.all_reduces.push(after.all_reduce - before.all_reduce);
+            run.collectives.push(after.collectives() - before.collectives());
             run.with_gradient
                 .push(ddp.parameters().iter().filter(|(_, p)| p.grad().defined()).count() as u64);
             run.after_each_step.push(snapshot(ddp.parameters()));
@@ -171,4 +179,25 @@ fn parameters_without_a_gradient_are_skipped() {
     }
     // And the run is still right, for this model too.
     check_against_one_process(2, Optim::Sgd, mlp_with_unused);
+}
+
+#[test]
+fn one_collective_per_parameter_with_a_gradient_and_no_other() {
+    // The stub's rule: every rank makes one collective per parameter that has
+    // a gradient, and nothing else: no barrier "to be safe", no broadcast,
+    // no second all-reduce for the division.
+    let runs = train_ddp(3, Optim::Sgd, true, mlp_with_unused);
+    for (rank, run) in runs.iter().enumerate() {
+        for (step, (&calls, &expected)) in run.collectives.iter().zip(&run.with_gradient).enumerate() {
+            assert_eq!(
+                calls,
+                expected,
+                "rank {rank}, step {}: your sync_gradients made {calls} collective call(s), the chapter expects \
+                 {expected}, one all-reduce per parameter with a gradient (`unused` has none), because every \
+                 collective pays a fixed cost and the mean needs no other: all-reduce each gradient, then divide \
+                 it in place, with no barrier, broadcast or extra all-reduce",
+                step + 1
+            );
+        }
+    }
 }

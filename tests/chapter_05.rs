@@ -6,6 +6,12 @@
 //! The reference code:  `cargo test --features solutions --test chapter_05`
 //! See the measured numbers: add `-- --nocapture`
 //!
+//! Three more modules, one test binary: `chapter_05/training.rs`, the shared
+//! models and training loop; `chapter_05/layout_rules.rs`, the planner's
+//! rules on hand-made sizes (when the first cap ends, a first cap and an open
+//! bucket per dtype and device); `chapter_05/missing_gradients.rs`, a
+//! parameter that had a gradient last step and has none now.
+//!
 //! Why bitwise. The in-process all-reduce adds the ranks' tensors element by
 //! element, in rank order. A gradient element gets the same additions, in the
 //! same order, whether it travels alone or at some offset of a bucket; the
@@ -15,6 +21,10 @@
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
 mod common;
+#[path = "chapter_05/layout_rules.rs"]
+mod layout_rules;
+#[path = "chapter_05/missing_gradients.rs"]
+mod missing_gradients;
 #[path = "chapter_05/training.rs"]
 mod training;
 

@@ -1,8 +1,9 @@
 //! Chapter 04 tests, edge cases: the `no_sync` switch is restored on every
 //! way out of its scope (the end of a block, `?`, a panic, nested scopes,
 //! a scope opened while the switch was already off) and really decides
-//! whether backward communicates; bad input gets a clear error, before a
-//! weight changes or a byte is sent.
+//! whether backward communicates; `accumulate_and_step` leaves the switch as
+//! it found it, also when a backward fails; bad input gets a clear error,
+//! before a weight or a gradient changes or a byte is sent.
 //!
 //! Compiled into `cargo test --test chapter_04` (see `tests/chapter_04.rs`).
 
@@ -13,9 +14,10 @@ use ddp_workbook::ch04_accumulation::{
 };
 use ddp_workbook::check::{max_reference_diff, snapshot};
 use ddp_workbook::models::Mlp;
-use ddp_workbook::tch::{Kind, Tensor};
+use ddp_workbook::tch::{Device, Kind, Tensor};
 
 use super::training::*;
+use crate::common::gradients;
 
 /// Opens a no_sync scope, then leaves it early through `?`.
 fn leave_early(ddp: &AccumulatingDdp<Mlp>) -> Result<(), String> {
@@ -141,6 +143,86 @@ fn bad_input_gets_a_clear_error_not_a_panic() {
             "a refused step must not communicate"
         );
         anyhow::ensure!(ddp.require_backward_grad_sync(), "a refused step must leave the sync switch on");
+        Ok(())
+    });
+}
+
+/// Three micro-batches of 2 rows of zeros, 3 x ([2, 4], [2, 1]): valid
+/// input, made on each rank (tensors are not `Sync`).
+fn three_micro_batches() -> Vec<(Tensor, Tensor)> {
+    let options = (Kind::Double, Device::Cpu);
+    (0..3).map(|_| (Tensor::zeros([2, 4], options), Tensor::zeros([2, 1], options))).collect()
+}
+
+#[test]
+fn a_refused_step_leaves_the_gradients_alone() {
+    run(2, |pg| {
+        let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+        let mut opt = Optim::Sgd.build(&vs)?;
+        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
+        // Gradients from an earlier backward, which the caller may still want.
+        let x = Tensor::ones([2, 4], (Kind::Double, Device::Cpu)); // [2, 4]
+        ddp.backward_local(&ddp.forward(&x).sum(Kind::Double))?;
+        let before = gradients(ddp.parameters());
+        anyhow::ensure!(
+            before.len() as u64 == PARAMS_WITH_GRAD,
+            "the test's premise: every parameter has a gradient"
+        );
+        let mut unequal = three_micro_batches();
+        unequal[2] = (unequal[2].0.narrow(0, 0, 1), unequal[2].1.narrow(0, 0, 1)); // 2, 2 and 1 rows
+        for (what, micro_batches) in
+            [("no micro-batches", vec![]), ("micro-batches of 2, 2 and 1 rows", unequal)]
+        {
+            let result = learner::accumulate_and_step(&ddp, &mut opt, &micro_batches, mse);
+            anyhow::ensure!(
+                result.is_err(),
+                "accumulate_and_step accepted {what}: call check_micro_batches first"
+            );
+            let after = gradients(ddp.parameters());
+            let changed =
+                if after.len() == before.len() { max_reference_diff(&after, &before) } else { f64::NAN };
+            anyhow::ensure!(
+                changed == 0.0,
+                "your accumulate_and_step, refusing {what}, changed the gradients ({} of {} still defined, \
+                 largest change {changed:e}); the chapter expects them untouched, because bad input is refused \
+                 before anything changes: call check_micro_batches before optimizer.zero_grad()",
+                after.len(),
+                before.len()
+            );
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn accumulate_and_step_leaves_the_sync_switch_as_it_found_it() {
+    run(2, |pg| {
+        let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+        let mut opt = Optim::Sgd.build(&vs)?;
+        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
+        // A loss without autograd history: the first backward fails, on every
+        // rank alike, in the middle of the micro-steps.
+        let no_history = |prediction: &Tensor, target: &Tensor| mse(prediction, target).detach();
+        let result = learner::accumulate_and_step(&ddp, &mut opt, &three_micro_batches(), no_history);
+        let Err(error) = result else {
+            anyhow::bail!("accumulate_and_step must pass on the error of a failing backward (`?`)")
+        };
+        anyhow::ensure!(
+            ddp.require_backward_grad_sync(),
+            "your accumulate_and_step returned an error from a failing backward ({error}) and left the sync \
+             switch off; the chapter expects it back on, as it was, because the switch must end as it was \
+             however the function returns, `?` included: hold a guard, `let _guard = ddp.no_sync();`, instead \
+             of setting the switch by hand"
+        );
+        // Called inside the caller's own no_sync scope: it must stay off.
+        let _outer = ddp.no_sync();
+        learner::accumulate_and_step(&ddp, &mut opt, &three_micro_batches(), mse)?;
+        anyhow::ensure!(
+            !ddp.require_backward_grad_sync(),
+            "your accumulate_and_step, called with the sync switch off (inside the caller's no_sync), turned it \
+             on; the chapter expects it off, as it was, because the switch ends as it was: let the guard put \
+             back what it found instead of turning the switch on by hand"
+        );
         Ok(())
     });
 }
