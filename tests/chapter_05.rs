@@ -282,6 +282,17 @@ fn bad_caps_give_a_clear_error() {
             "unclear error for ({caps}): {error}"
         );
     }
+    // A first cap above the cap: the first bucket is meant to be the small one.
+    let result = spawn(2, |pg| {
+        let (vs, model) = mlp();
+        BucketedDdp::with_bucket_caps(model, &vs, pg, BucketCaps { cap_bytes: 1000, first_cap_bytes: 2000 })?;
+        Ok(())
+    });
+    let error = result.expect_err("a first cap above the cap must be refused").to_string();
+    assert!(
+        error.contains("first bucket's cap (2000 B) is larger"),
+        "unclear error for a large first cap: {error}"
+    );
     // Different caps on different ranks: their buckets would not pair up.
     let result = spawn(2, |pg| {
         let cap_bytes = if pg.rank() == 0 { TINY_CAPS.cap_bytes } else { 2 * TINY_CAPS.cap_bytes };

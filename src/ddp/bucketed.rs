@@ -20,6 +20,13 @@ pub enum BucketingError {
     )]
     InvalidCap { what: &'static str, bytes: usize },
 
+    #[error(
+        "the first bucket's cap ({first_cap_bytes} B) is larger than the cap of the others \
+         ({cap_bytes} B): the first bucket is the small one, so that its all-reduce can start \
+         early in backward. Pass a first cap of at most the cap (PyTorch: 1 MiB and 25 MiB)"
+    )]
+    FirstCapAboveCap { cap_bytes: usize, first_cap_bytes: usize },
+
     /// The planner returned something that is not a layout of the model.
     #[error("plan_buckets returned an unusable layout: {0}")]
     BadPlan(String),
@@ -79,6 +86,12 @@ impl GradientBuckets {
             if bytes == 0 {
                 return Err(BucketingError::InvalidCap { what, bytes });
             }
+        }
+        // With a first cap above the cap, "a parameter larger than the cap
+        // travels alone" would no longer hold for the first bucket.
+        let BucketCaps { cap_bytes, first_cap_bytes } = caps;
+        if first_cap_bytes > cap_bytes {
+            return Err(BucketingError::FirstCapAboveCap { cap_bytes, first_cap_bytes });
         }
         // The layout depends only on the parameters' sizes, dtypes, devices
         // and order, which the replica checks proved equal on every rank, and
