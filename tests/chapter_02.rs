@@ -41,6 +41,19 @@ fn wrap(vs: &tch::nn::VarStore, mlp: Mlp, pg: Group) -> Option<InitError> {
     replicate(mlp, vs, pg).err()
 }
 
+/// Fails, saying why, if checking the replicas changed a tensor.
+fn assert_unchanged(rank: usize, before: &[(String, Tensor)], after: &[(String, Tensor)]) {
+    for ((name, was), (_, is)) in before.iter().zip(after) {
+        let moved = max_abs_diff(was, is);
+        assert!(
+            moved == 0.0,
+            "rank {rank}: your verify_replicas changed `{name}` by {moved:e}; the chapter expects every \
+             tensor left as it was: broadcast rank 0's values into a copy, not into the tensor itself \
+             (which also makes every comparison pass)"
+        );
+    }
+}
+
 fn all_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
     let mut tensors = snapshot(&named_parameters(vs));
     tensors.extend(snapshot(&named_buffers(vs)));
@@ -92,6 +105,9 @@ fn a_different_seed_on_one_rank_fails_on_every_rank_promptly() {
     let expected_diff = max_abs_diff(&outcomes[1].0[0].1, &outcomes[0].0[0].1);
     assert!(expected_diff > 0.0, "seeds {SEED} and {} built the same weights?", SEED + 1);
     for (rank, (before, after, error)) in outcomes.iter().enumerate() {
+        // First, because a check that broadcasts into the weights themselves
+        // also makes every comparison pass: say that, not what follows from it.
+        assert_unchanged(rank, before, after);
         let Some(error) = error else {
             panic!(
                 "rank {rank}: replicate() accepted replicas built from different seeds (rank 1 used {}). \
@@ -119,10 +135,6 @@ fn a_different_seed_on_one_rank_fails_on_every_rank_promptly() {
                 "rank {rank}: the message should mention {needle:?}: {message}"
             );
         }
-        for ((name, was), (_, is)) in before.iter().zip(after) {
-            let moved = max_abs_diff(was, is);
-            assert!(moved == 0.0, "rank {rank}: checking changed `{name}` by {moved:e}; broadcast into a copy, not into the tensor itself");
-        }
     }
 }
 
@@ -136,20 +148,27 @@ fn a_buffer_that_differs_on_one_rank_is_caught_and_named() {
                 named_buffers(&vs).into_iter().find(|(name, _)| name == "input_shift").unwrap();
             let _ = tch::no_grad(|| shift.f_add_scalar_(0.5))?;
         }
-        Ok(wrap(&vs, mlp, pg))
+        let before = all_tensors(&vs);
+        let error = wrap(&vs, mlp, pg);
+        Ok((before, all_tensors(&vs), error))
     });
     assert!(
         elapsed < PROMPTLY,
         "replicate() took {elapsed:?}: did a rank wait for a peer that had already returned?"
     );
-    for (rank, error) in errors.iter().enumerate() {
+    for (rank, (before, after, error)) in errors.iter().enumerate() {
+        assert_unchanged(rank, before, after);
         match error {
             Some(InitError::ReplicaMismatch { parameter, max_abs_diff, differing_ranks }) => {
                 assert_eq!(parameter, "input_shift", "rank {rank}: the buffer `input_shift` differs");
                 assert_eq!(*max_abs_diff, 0.5, "rank {rank}: rank 1 added 0.5 to `input_shift`");
                 assert_eq!(differing_ranks, &[1], "rank {rank}");
             }
-            other => panic!("rank {rank}: expected a ReplicaMismatch on `input_shift`, got {other:?}"),
+            other => panic!(
+                "rank {rank}: your verify_replicas gave {other:?} for the buffers, where rank 1's \
+                 `input_shift` differs by 0.5; the chapter expects ReplicaMismatch on `input_shift`, \
+                 because buffers take part in the forward pass just like parameters"
+            ),
         }
     }
 }
@@ -250,7 +269,10 @@ fn a_model_changed_after_wrapping_goes_unnoticed_until_checked_again() {
             Some(InitError::ReplicaMismatch { parameter, .. }) => {
                 assert_eq!(parameter, "layers.1.bias", "rank {rank}")
             }
-            other => panic!("rank {rank}: checking again must catch `layers.1.bias`, got {other:?}"),
+            other => panic!(
+                "rank {rank}: checking again gave {other:?}; the chapter expects ReplicaMismatch on \
+                 `layers.1.bias`, which rank 1 changed after wrapping"
+            ),
         }
     }
 }

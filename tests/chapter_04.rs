@@ -70,7 +70,8 @@ fn one_all_reduce_per_parameter_per_step_k_times_fewer_than_syncing_every_micro_
             chapter.iter().all(|&c| c == PARAMS_WITH_GRAD),
             "{n} ranks x {k}: every rank must all-reduce each of the {PARAMS_WITH_GRAD} gradients exactly once per \
              optimizer step, but made {chapter:?} (rank by rank, step by step). Put micro-steps 1..k-1 inside \
-             ddp.no_sync(), and close that scope before the last micro-step's backward"
+             ddp.no_sync(), and close that scope before the last micro-step's backward (bind the guard to a \
+             name: `let _ = ddp.no_sync();` drops it, and closes the scope, on the same line)"
         );
         assert!(
             every.iter().all(|&c| c == PARAMS_WITH_GRAD * k as u64),

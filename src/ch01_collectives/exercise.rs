@@ -34,6 +34,9 @@ pub fn ring_reduce_scatter(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Resu
     // Yours to decide: where incoming values land before you add them, how to
     // keep an index that goes below 0 inside 0..N, and whether a step sends or
     // receives first (ask what each rank waits for if all do the same).
+    // In place: `chunk += &incoming` adds and cannot fail; tch's fallible
+    // `f_add_` returns a second handle on the chunk, which Rust asks you to
+    // use, so write `let _ = chunk.f_add_(&incoming).map_err(..)?;`.
     // Stuck? `cargo workbook hint 01` gives hints one at a time.
     todo!("exercise ch01: ring_reduce_scatter in src/ch01_collectives/exercise.rs")
 }

@@ -43,14 +43,16 @@ pub fn epoch_shard(sampler: &DistributedSampler) -> Vec<i64> {
     // a new order every epoch, the same one on every rank; without shuffling,
     // 0, 1, 2, ... every epoch; a data set smaller than the number of ranks
     // still fills every shard.
-    // Yours to decide: how seed and epoch make the epoch's random order (the
-    // doc comment fixes the rule: PyTorch's), how padding repeats the start
-    // when it is longer than the data set, and how a rank picks its part
-    // (the doc comment says strided; the chapter says why not a block).
+    // Yours to decide: how to build the evened list (padding that repeats
+    // the start, even when it is longer than the data set, or cutting the
+    // tail) and how a rank picks its part of it; the doc comment fixes the
+    // rules (PyTorch's: the seed of epoch e is seed + e, shards are strided),
+    // the chapter says why.
     // Available: `crate::ddp::permutation(len, seed)`, the numbers 0..len in
     // a seeded random order; your `samples_per_rank`. (The library's own
-    // `epoch_shard`, `shard_indices` and `sampler.indices()` are the
-    // reference: calling them would pass the tests and teach nothing.)
+    // `epoch_shard`, `shard_indices`, `sampler.epoch_order()` and
+    // `sampler.indices()` are the reference: calling them would pass the
+    // tests and teach nothing.)
     // Stuck? `cargo workbook hint 06` gives hints one at a time.
     todo!("exercise ch06: epoch_shard in src/ch06_sharding/exercise.rs")
 }

@@ -123,7 +123,8 @@ fn padding_repeats_the_start_and_rank_r_takes_every_nth_index_from_r() {
         assert_eq!(
             all_shards(len, n, false, drop_last, 0),
             expected,
-            "{len} examples on {n} ranks, drop_last {drop_last}, no shuffle: pad by repeating the start \
+            "your shards (left) against the chapter's table (right), {len} examples on {n} ranks, drop_last \
+             {drop_last}, no shuffle: pad by repeating the start \
              (or cut the tail), then rank r takes positions r, r + n, r + 2n, ... (not a contiguous block)"
         );
     }
@@ -135,7 +136,11 @@ fn padding_repeats_the_start_and_rank_r_takes_every_nth_index_from_r() {
         let order = s.epoch_order();
         for (rank, shard) in shards.iter().enumerate() {
             let expected: Vec<i64> = (0..shard.len()).map(|i| order[(i * n + rank) % order.len()]).collect();
-            assert_eq!(shard, &expected, "{len} shuffled examples on {n} ranks, rank {rank}");
+            assert_eq!(
+                shard, &expected,
+                "your shard (left) against positions rank, rank + n, ... of the epoch's order (right): \
+                 {len} shuffled examples on {n} ranks, rank {rank}"
+            );
         }
     }
 }
@@ -170,7 +175,11 @@ fn without_set_epoch_every_epoch_repeats_the_same_order() {
     let s = sampler(30, 3, 1, true, SEED, false);
     let first = shard(&s);
     for _epoch in 1..4 {
-        assert_eq!(shard(&s), first, "without set_epoch, the order must stay epoch 0's");
+        assert_eq!(
+            shard(&s),
+            first,
+            "your shard (left) against epoch 0's (right): without set_epoch the order must stay"
+        );
     }
     let mut reshuffled = s.clone();
     reshuffled.set_epoch(1);
@@ -179,7 +188,11 @@ fn without_set_epoch_every_epoch_repeats_the_same_order() {
     let mut fixed = sampler(30, 3, 1, false, SEED, false);
     let epoch0 = shard(&fixed);
     fixed.set_epoch(5);
-    assert_eq!(shard(&fixed), epoch0, "shuffle = false: every epoch visits 0..len in order");
+    assert_eq!(
+        shard(&fixed),
+        epoch0,
+        "your shard (left) against epoch 0's (right): shuffle = false visits 0..len every epoch"
+    );
 }
 
 #[test]

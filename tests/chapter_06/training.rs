@@ -109,14 +109,20 @@ pub(super) fn train_ddp(world_size: usize, sharding: Sharding) -> Vec<RankRun> {
         let checkpoint = checkpoint_path();
         let mut sampler =
             DistributedSampler::new(DATASET_LEN, pg.world_size(), rank, true, SAMPLER_SEED, false)?;
-        let micro = shard_len(&sampler) / (ACCUMULATION_STEPS * STEPS_PER_EPOCH); // rows per micro-batch
+        // The real run shards with your code; the negative controls, which
+        // show what a broken sharding does, with the library's, so that they
+        // speak about sharding mistakes and not about your sampler.
+        let yours = sharding == Sharding::Sampler;
+        let shard_of = |s: &DistributedSampler| if yours { shard(s) } else { s.indices() };
+        let per_rank = if yours { shard_len(&sampler) } else { sampler.len() };
+        let micro = per_rank / (ACCUMULATION_STEPS * STEPS_PER_EPOCH); // rows per micro-batch
         let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, CAPS)?;
         let mut optimizer = nn::Sgd::default().build(&vs, LR)?;
         for epoch in 0..EPOCHS {
             if set_epoch {
                 sampler.set_epoch(epoch); // a new order, the same on every rank
             }
-            let shard = shard(&sampler); // this rank's part of it (your cut), as long as every other rank's
+            let shard = shard_of(&sampler); // this rank's part of it, as long as every other rank's
             for step_indices in shard.chunks_exact(micro * ACCUMULATION_STEPS) {
                 let micro_batches: Vec<&[i64]> = step_indices.chunks_exact(micro).collect();
                 let calls_before = ddp.stats().all_reduce; // the test's records

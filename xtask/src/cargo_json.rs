@@ -89,6 +89,8 @@ pub struct BuildOutcome {
     pub executables: Vec<TestExecutable>,
     /// Rendered error diagnostics, in the order rustc gave them.
     pub errors: Vec<String>,
+    /// Rendered warnings (cargo replays them for crates it did not rebuild).
+    pub warnings: Vec<String>,
     /// From the `build-finished` message; `None` if cargo never sent it
     /// (it failed before building: a bad manifest, an unknown target).
     pub success: Option<bool>,
@@ -103,8 +105,10 @@ impl BuildOutcome {
                 None
             }
             CargoMessage::Diagnostic { level, rendered } => {
-                if level == "error" {
-                    self.errors.push(rendered.clone());
+                match level.as_str() {
+                    "error" => self.errors.push(rendered.clone()),
+                    "warning" => self.warnings.push(rendered.clone()),
+                    _ => {}
                 }
                 Some(rendered)
             }

@@ -25,7 +25,8 @@ Usage:
   cargo workbook test NN            run chapter NN's tests on your exercise, with a verdict
   cargo workbook hint NN [FN [K]]   the next hint for chapter NN (or hint K of function FN)
   cargo workbook watch NN           run `test NN` again each time a file of the chapter changes
-Plain `cargo test --test chapter_NN` runs the same tests.";
+Plain `cargo test --test chapter_NN` runs the same tests. The hints you have
+seen are remembered in target/workbook/ (`cargo clean` forgets them).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -75,8 +76,10 @@ fn list(ctx: &Context, chapters: &[Chapter]) -> Result<(), String> {
             "not started".to_string()
         } else {
             match run_tests(ctx, chapter, false)? {
-                Some(t) if t.failed == 0 && t.passed > 0 => format!("passing: all {} claims hold", t.passed),
-                Some(t) => format!("failing: {} of {} claims hold", t.passed, t.passed + t.failed),
+                Some((t, _)) if t.failed == 0 && t.passed > 0 => {
+                    format!("passing: all {} claims hold", t.passed)
+                }
+                Some((t, _)) => format!("failing: {} of {} claims hold", t.passed, t.passed + t.failed),
                 None => "does not compile (cargo workbook test shows why)".to_string(),
             }
         };
@@ -90,7 +93,11 @@ fn list(ctx: &Context, chapters: &[Chapter]) -> Result<(), String> {
 
 /// Builds and runs chapter `chapter`'s tests on the learner's code; `None`
 /// when they do not compile (the errors are printed when `echo` is set).
-fn run_tests(ctx: &Context, chapter: &Chapter, echo: bool) -> Result<Option<SuiteTally>, String> {
+fn run_tests(
+    ctx: &Context,
+    chapter: &Chapter,
+    echo: bool,
+) -> Result<Option<(SuiteTally, Vec<String>)>, String> {
     if !ctx.root.join(".cargo").join("libtorch.toml").is_file() {
         return Err("libtorch is not set up in this checkout: run scripts/setup.sh once (see README)".into());
     }
@@ -110,19 +117,24 @@ fn run_tests(ctx: &Context, chapter: &Chapter, echo: bool) -> Result<Option<Suit
         return Ok(None);
     };
     let (_, tally) = test_executables::run(ctx, &executable, None, &mut log).map_err(io)?;
-    Ok(Some(tally))
+    Ok(Some((tally, outcome.warnings)))
 }
 
 /// `cargo workbook test NN`: the verdict, then what to do next. Returns
 /// whether every claim holds.
 fn test(ctx: &Context, chapter: &Chapter) -> Result<bool, String> {
     println!("running `cargo test --test {}` on your code ...", chapter.test_target());
-    let Some(tally) = run_tests(ctx, chapter, true)? else {
+    let Some((tally, warnings)) = run_tests(ctx, chapter, true)? else {
         println!("\nYour code does not compile yet: the first errors are above.");
         return Ok(false);
     };
     println!();
     verdict::describe(chapter, &tally).iter().for_each(|line| println!("{line}"));
+    let yours = verdict::warnings_in_chapter(chapter, &warnings);
+    if !yours.is_empty() {
+        println!("\nThe compiler has {} warning(s) about your code:\n", yours.len());
+        yours.iter().for_each(|warning| println!("{}", warning.trim_end()));
+    }
     let all_hold = tally.failed == 0 && tally.passed > 0;
     if all_hold {
         println!("\nEvery claim of chapter {} holds. Compare with the reference (the book's", chapter.number);

@@ -36,11 +36,12 @@ pub fn describe(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
     passed.sort();
     lines.extend(passed.iter().map(|name| format!("  ✓ {}", claim(name))));
     let unwritten = unwritten_in(chapter, tally);
+    let detailed = most_telling_failure(tally);
     for (index, (name, output)) in tally.failures.iter().enumerate() {
         lines.push(format!("  ✗ {}", claim(name)));
-        // The first failure in full (its panic message, without the
-        // backtrace); the others by name, to keep the screen readable.
-        if index == 0 && unwritten.is_empty() {
+        // One failure in full (its panic message, without the backtrace);
+        // the others by name, to keep the screen readable.
+        if Some(index) == detailed && unwritten.is_empty() {
             lines.extend(failure_excerpt(output, 12).lines().map(|l| format!("      {l}")));
         }
     }
@@ -56,4 +57,23 @@ pub fn describe(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// Which failure to show in full: the first that is not a negative control.
+/// A control shows what breaks when a rule is broken; when it fails, the
+/// test of the rule itself says better what is wrong.
+pub fn most_telling_failure(tally: &SuiteTally) -> Option<usize> {
+    let is_control = |name: &str| name.contains("negative_control");
+    tally
+        .failures
+        .iter()
+        .position(|(name, _)| !is_control(name))
+        .or((!tally.failures.is_empty()).then_some(0))
+}
+
+/// The compiler's warnings about the chapter's own files (the learner's
+/// code), from a build's rendered warnings.
+pub fn warnings_in_chapter<'a>(chapter: &Chapter, warnings: &'a [String]) -> Vec<&'a str> {
+    let folder = format!("src/ch{}_", chapter.number);
+    warnings.iter().filter(|w| w.contains(&folder)).map(String::as_str).collect()
 }
