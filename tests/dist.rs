@@ -9,7 +9,9 @@
 //! - `stats_and_grads.rs`: call counters; parameters and their gradients;
 //! - `invalid.rs`: bad arguments, and `DDP_TIMEOUT_SECS`;
 //! - `groups.rs`: sub-groups made with `new_group`;
-//! - `tags.rs`: same-shaped calls in another order, untagged and tagged.
+//! - `tags.rs`: same-shaped calls in another order, untagged and tagged;
+//! - `split_reduce.rs`: the in-place all_reduce: handles waited in any
+//!   order, and the rank-ordered result bitwise for every operation.
 //!
 //! No test can hang: every `spawn` here has an explicit timeout.
 
@@ -23,6 +25,8 @@ mod failures;
 mod groups;
 #[path = "dist/invalid.rs"]
 mod invalid;
+#[path = "dist/split_reduce.rs"]
+mod split_reduce;
 #[path = "dist/stats_and_grads.rs"]
 mod stats_and_grads;
 #[path = "dist/tags.rs"]

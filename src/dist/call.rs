@@ -54,9 +54,14 @@ impl std::fmt::Display for Call {
 /// How call number `seq` ended; the same for every rank.
 pub(crate) enum Outcome {
     Shared(Vec<Tensor>),
+    /// An all_reduce that its ranks finish together, in their own tensors.
+    Split(std::sync::Arc<super::split_reduce::SplitReduce>),
     Mismatch(String),
     TorchFailed(String),
-    Abandoned { by: usize, reason: String },
+    Abandoned {
+        by: usize,
+        reason: String,
+    },
 }
 
 /// Call number `seq` as all ranks see it (the in-process backend keeps one

@@ -123,7 +123,7 @@ impl ProcessGroup for LocalProcessGroup {
         let (seq, name) = self.start(Op::AllReduce(op), Some(tensor), Some(tensor.shallow_clone()));
         let (world, rank) = (self.world.clone(), self.rank);
         let mut output = tensor.shallow_clone();
-        let wait = move || world.complete(rank, seq, &name, |shared| output.f_copy_(&shared[0]));
+        let wait = move || world.complete_all_reduce(rank, seq, &name, &mut output);
         let world = self.world.clone();
         Ok(Work::with_release(wait, move || world.give_up(rank, seq)))
     }

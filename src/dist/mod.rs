@@ -22,6 +22,7 @@ mod error;
 mod local;
 mod p2p;
 mod spawn;
+mod split_reduce;
 mod tag;
 mod world;
 
@@ -96,8 +97,10 @@ impl CommStats {
 /// A collective that has been started but may not have finished: the result
 /// of [`ProcessGroup::all_reduce_async`]. Call [`Work::wait`] before reading
 /// the tensor, and do not modify the tensor until then. Dropping it without
-/// waiting gives up this rank's result (the tensor is left as it was, the
-/// peers still get theirs) and frees what the backend kept for it.
+/// waiting gives up this rank's result and frees what the backend kept for
+/// it; the peers still get theirs, computed from the tensor as it was handed
+/// over, so even then leave it alone until they have (the tensor's contents
+/// are unspecified afterwards).
 #[must_use = "the tensor holds its result only after wait() returns"]
 pub struct Work {
     wait: Option<Box<dyn FnOnce() -> Result<(), DistError> + Send>>,

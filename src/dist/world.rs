@@ -3,7 +3,9 @@
 //!
 //! Each rank numbers its collective calls 0, 1, 2, ...; call number `seq` of
 //! every rank meets in the same [`Slot`]. The last rank to arrive computes the
-//! result once, in rank order, so every rank receives bitwise the same values.
+//! result once, in rank order, so every rank receives bitwise the same values
+//! (an all_reduce is instead finished in place by its ranks, in the same
+//! order: `split_reduce.rs`).
 //! Every wait re-checks, whenever anything changes: has the result arrived,
 //! has a rank this call still needs left the group, has the deadline passed.
 //! That is why no call can hang forever.
@@ -19,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
-use super::call::{compute, Call, Outcome, Slot};
+use super::call::{compute, Call, Op, Outcome, Slot};
+use super::split_reduce::SplitReduce;
 use super::DistError;
 
 /// A sub-group created from this world: its members (ranks of this world,
@@ -38,6 +41,14 @@ pub(super) struct State {
     pub(super) gone: Vec<Option<String>>,
     /// Keyed by the number of the collective call that agreed on it.
     sub_groups: HashMap<u64, SubGroup>,
+}
+
+/// What a finished rendezvous produced.
+enum Ready {
+    /// The result, computed once: each rank copies its part.
+    Shared(Vec<Tensor>),
+    /// An all_reduce that the ranks finish together, in place.
+    Split(std::sync::Arc<SplitReduce>),
 }
 
 pub(crate) struct World {
@@ -124,8 +135,26 @@ impl World {
             slot.inputs[rank] = input;
         }
         if slot.outcome.is_none() && slot.arrived.iter().all(|&a| a) {
+            let split = match call.op {
+                // Reduced by its ranks, in place, when they wait (split_reduce.rs).
+                Op::AllReduce(reduce) if self.size > 1 && slot.abandoned.is_none() => {
+                    let inputs: Vec<&Tensor> = slot.inputs.iter().flatten().collect();
+                    let tensors: Vec<Tensor> = inputs.iter().map(|t| t.shallow_clone()).collect();
+                    let contiguous = tensors.iter().all(Tensor::is_contiguous);
+                    contiguous.then(|| SplitReduce::new(&tensors, reduce)).flatten()
+                }
+                _ => None,
+            };
             if let Some((by, reason)) = slot.abandoned.clone() {
                 slot.outcome = Some(Outcome::Abandoned { by, reason });
+            } else if let Some(split) = split {
+                slot.inputs.iter_mut().for_each(|input| *input = None);
+                slot.outcome = Some(Outcome::Split(split));
+            } else if matches!(call.op, Op::AllReduce(_)) && self.size == 1 {
+                // One rank: every reduction is the tensor itself (and libtorch's
+                // copy of a tensor onto itself does nothing).
+                let input: Vec<Tensor> = slot.inputs.iter_mut().filter_map(Option::take).collect();
+                slot.outcome = Some(Outcome::Shared(input));
             } else {
                 slot.computing = true;
                 let inputs: Vec<Tensor> = slot.inputs.iter_mut().filter_map(Option::take).collect();
@@ -160,6 +189,43 @@ impl World {
         op_name: &str,
         take: impl FnOnce(&[Tensor]) -> Result<T, tch::TchError>,
     ) -> Result<T, DistError> {
+        match self.rendezvous(rank, seq, op_name)? {
+            Ready::Shared(shared) => tch::no_grad(|| take(&shared)).map_err(|cause| DistError::Torch {
+                rank: self.global[rank],
+                op: op_name.to_string(),
+                cause,
+            }),
+            Ready::Split(split) => self.finish_split(rank, &split, op_name).and_then(|()| {
+                let detail = "an all_reduce was finished by a call that is not one (a bug in the backend)";
+                Err(DistError::Invalid {
+                    rank: self.global[rank],
+                    op: op_name.to_string(),
+                    detail: detail.into(),
+                })
+            }),
+        }
+    }
+
+    /// An all_reduce: waits for it, then puts the result in `output` (this
+    /// rank's own tensor, for a split reduction already there).
+    pub fn complete_all_reduce(
+        &self,
+        rank: usize,
+        seq: u64,
+        op_name: &str,
+        output: &mut Tensor,
+    ) -> Result<(), DistError> {
+        match self.rendezvous(rank, seq, op_name)? {
+            Ready::Split(split) => self.finish_split(rank, &split, op_name),
+            Ready::Shared(shared) => tch::no_grad(|| output.f_copy_(&shared[0])).map_err(|cause| {
+                DistError::Torch { rank: self.global[rank], op: op_name.to_string(), cause }
+            }),
+        }
+    }
+
+    /// Waits until every rank has joined call `seq`, or fails for the rules
+    /// in this file's comment; then what the call produced.
+    fn rendezvous(&self, rank: usize, seq: u64, op_name: &str) -> Result<Ready, DistError> {
         let op = || op_name.to_string();
         let (me, global) = (self.global[rank], &self.global);
         let deadline = Instant::now().checked_add(self.timeout);
@@ -175,8 +241,9 @@ impl World {
             let shared = match (&slot.outcome, &slot.abandoned) {
                 // Shallow handles: the copy below runs without the lock.
                 (Some(Outcome::Shared(shared)), _) => {
-                    Ok(shared.iter().map(Tensor::shallow_clone).collect::<Vec<_>>())
+                    Ok(Ready::Shared(shared.iter().map(Tensor::shallow_clone).collect()))
                 }
+                (Some(Outcome::Split(split)), _) => Ok(Ready::Split(split.clone())),
                 (Some(Outcome::Mismatch(detail)), _) => {
                     Err(DistError::Mismatch { rank: me, op: op(), detail: detail.clone() })
                 }
@@ -222,13 +289,7 @@ impl World {
             if slot.finished(&state.gone) {
                 state.slots.remove(&seq);
             }
-            drop(guard);
-            let shared = shared?;
-            return tch::no_grad(|| take(&shared)).map_err(|source| DistError::Torch {
-                rank,
-                op: op(),
-                cause: source,
-            });
+            return shared;
         }
     }
 

@@ -1,0 +1,215 @@
+//! The in-process all_reduce at memory speed: in place, in the callers' own
+//! tensors, with the work split over the ranks that wait for it.
+//! Try it: `cargo test --test dist`; measure it:
+//! `cargo run --release --example bench_collectives`.
+//!
+//! Once every rank has arrived, the flat tensors x_0 .. x_{N-1} are cut into
+//! N slices. Reducing slice s is a chain of in-place operations along the
+//! ranks' own tensors: x_1[s] op= x_0[s], x_2[s] op= x_1[s], ..., so that
+//! x_{N-1}[s] ends up holding ((x_0 op x_1) op x_2) op ... in rank order.
+//! Addition and multiplication are commutative in floating point, so each
+//! step computes exactly what the rank-ordered sum computes: the result is
+//! bitwise the one of the old, single-threaded reduction, on every run. Then
+//! each rank's tensor gets x_{N-1} copied into it. No buffer is allocated.
+//!
+//! The slices and the copies are tasks that any waiting rank may claim: a
+//! rank starts with its own slice, then takes whatever is left. So a rank
+//! never waits for another rank's thread, only for work in progress, and
+//! ranks that wait on their `Work` handles in different orders cannot block
+//! each other. Rank N-1 returns last: the others copy from its tensor.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tch::Tensor;
+
+use super::world::World;
+use super::{DistError, ReduceOp};
+
+const UNCLAIMED: usize = usize::MAX;
+
+/// One all_reduce being finished by its ranks.
+pub(crate) struct SplitReduce {
+    /// Each rank's own tensor, as a flat view ([numel], same storage).
+    /// Behind a mutex because tch tensors are `Send` but not `Sync`: a task
+    /// takes shallow handles under the lock and works outside it.
+    flat: Mutex<Vec<Tensor>>,
+    op: ReduceOp,
+    /// (offset, length) of each slice.
+    slices: Vec<(i64, i64)>,
+    /// Who claimed the reduction of slice s, and the copy into rank t's tensor
+    /// (t < N-1; rank N-1's tensor holds the result already).
+    reduce_owner: Vec<AtomicUsize>,
+    copy_owner: Vec<AtomicUsize>,
+    reduce_done: Vec<AtomicUsize>,
+    copy_done: Vec<AtomicUsize>,
+    /// libtorch's message if a task failed: every rank reports it.
+    failure: Mutex<Option<String>>,
+}
+
+impl SplitReduce {
+    /// `None` when the tensors cannot be reduced this way (not contiguous);
+    /// the caller falls back to reducing into a new tensor.
+    pub fn new(inputs: &[Tensor], op: ReduceOp) -> Option<Arc<SplitReduce>> {
+        let flat: Vec<Tensor> = inputs.iter().map(|t| t.f_view([-1]).ok()).collect::<Option<_>>()?;
+        let (n, numel) = (inputs.len(), flat[0].numel() as i64);
+        let bounds = |s: i64| s * numel / n as i64; // slice s: bounds(s) .. bounds(s + 1)
+        let slices = (0..n as i64).map(|s| (bounds(s), bounds(s + 1) - bounds(s))).collect();
+        let counters = |k: usize| (0..k).map(|_| AtomicUsize::new(UNCLAIMED)).collect::<Vec<_>>();
+        Some(Arc::new(SplitReduce {
+            flat: Mutex::new(flat),
+            op,
+            slices,
+            reduce_owner: counters(n),
+            copy_owner: counters(n - 1),
+            reduce_done: counters(n),
+            copy_done: counters(n - 1),
+            failure: Mutex::new(None),
+        }))
+    }
+
+    fn handles(&self) -> Vec<Tensor> {
+        self.flat.lock().unwrap_or_else(|p| p.into_inner()).iter().map(Tensor::shallow_clone).collect()
+    }
+
+    /// Reduces slice `s` along the chain of ranks (see the module's comment).
+    fn reduce_slice(&self, s: usize) -> Result<(), tch::TchError> {
+        let (offset, len) = self.slices[s];
+        let views =
+            self.handles().iter().map(|t| t.f_narrow(0, offset, len)).collect::<Result<Vec<_>, _>>()?;
+        tch::no_grad(|| {
+            for k in 1..views.len() {
+                let (before, mut this) = (&views[k - 1], views[k].shallow_clone());
+                match self.op {
+                    ReduceOp::Sum | ReduceOp::Avg => _ = this.f_add_(before)?,
+                    ReduceOp::Product => _ = this.f_mul_(before)?,
+                    ReduceOp::Min => this.f_copy_(&before.f_minimum(&this)?)?,
+                    ReduceOp::Max => this.f_copy_(&before.f_maximum(&this)?)?,
+                }
+            }
+            if self.op == ReduceOp::Avg {
+                let mut last = views[views.len() - 1].shallow_clone();
+                _ = last.f_div_scalar_(views.len() as f64)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Copies the result (rank N-1's tensor) into rank `t`'s.
+    fn copy_to(&self, t: usize) -> Result<(), tch::TchError> {
+        let handles = self.handles();
+        let mut target = handles[t].shallow_clone();
+        tch::no_grad(|| target.f_copy_(&handles[handles.len() - 1]))
+    }
+}
+
+/// The first unclaimed task, looking from `start` on, now claimed by `rank`.
+fn claim(owners: &[AtomicUsize], rank: usize, start: usize) -> Option<usize> {
+    let n = owners.len();
+    (0..n).map(|i| (start + i) % n).find(|&task| {
+        owners[task].compare_exchange(UNCLAIMED, rank, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    })
+}
+
+fn all_done(done: &[AtomicUsize]) -> bool {
+    done.iter().all(|d| d.load(Ordering::Acquire) != UNCLAIMED)
+}
+
+impl World {
+    /// `rank`'s part of a split all_reduce: work until every slice is reduced
+    /// and every copy made that this rank must see before it returns.
+    pub(crate) fn finish_split(
+        &self,
+        rank: usize,
+        split: &SplitReduce,
+        op_name: &str,
+    ) -> Result<(), DistError> {
+        let deadline = Instant::now().checked_add(self.timeout);
+        let last = self.size - 1;
+        loop {
+            let (owners, done, task_is_copy) = if !all_done(&split.reduce_done) {
+                (&split.reduce_owner, &split.reduce_done, false)
+            } else {
+                (&split.copy_owner, &split.copy_done, true)
+            };
+            if let Some(task) = claim(owners, rank, rank.min(owners.len().saturating_sub(1))) {
+                let result = if task_is_copy { split.copy_to(task) } else { split.reduce_slice(task) };
+                if let Err(error) = result {
+                    *split.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
+                }
+                done[task].store(rank, Ordering::Release);
+                drop(self.lock()); // so that no waiter misses the wake-up below
+                self.changed.notify_all();
+                continue;
+            }
+            // Nothing left to claim at this stage: wait for the tasks in progress.
+            let finished = || match (task_is_copy, rank == last) {
+                (false, _) => all_done(&split.reduce_done),
+                (true, true) => all_done(&split.copy_done), // others read my tensor
+                (true, false) => split.copy_done[rank].load(Ordering::Acquire) != UNCLAIMED,
+            };
+            if task_is_copy && finished() {
+                return self.split_failure(rank, split, op_name);
+            }
+            self.wait_for_tasks(rank, split, op_name, deadline, owners, done, &finished)?;
+        }
+    }
+
+    /// Waits until `finished()`, or fails: a task's owner left, or the deadline passed.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_for_tasks(
+        &self,
+        rank: usize,
+        split: &SplitReduce,
+        op_name: &str,
+        deadline: Option<Instant>,
+        owners: &[AtomicUsize],
+        done: &[AtomicUsize],
+        finished: &dyn Fn() -> bool,
+    ) -> Result<(), DistError> {
+        let mut guard = self.lock();
+        loop {
+            if finished() {
+                return self.split_failure(rank, split, op_name);
+            }
+            let busy: Vec<usize> = (0..owners.len())
+                .filter(|&t| done[t].load(Ordering::Acquire) == UNCLAIMED)
+                .map(|t| owners[t].load(Ordering::Acquire))
+                .filter(|&owner| owner != UNCLAIMED)
+                .collect();
+            let op = op_name.to_string();
+            if let Some(&peer) = busy.iter().find(|&&owner| guard.gone[owner].is_some()) {
+                let reason = guard.gone[peer].clone().unwrap_or_default();
+                return Err(DistError::PeerGone {
+                    rank: self.global[rank],
+                    op,
+                    peer: self.global[peer],
+                    reason,
+                });
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let missing = busy.iter().map(|&r| self.global[r]).collect();
+                return Err(DistError::Timeout {
+                    rank: self.global[rank],
+                    op,
+                    missing,
+                    waited: self.timeout,
+                });
+            }
+            guard = self.wait(guard, deadline);
+        }
+    }
+
+    /// The error every rank returns if any task failed in libtorch.
+    fn split_failure(&self, rank: usize, split: &SplitReduce, op_name: &str) -> Result<(), DistError> {
+        match split.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            None => Ok(()),
+            Some(message) => Err(DistError::Torch {
+                rank: self.global[rank],
+                op: op_name.to_string(),
+                cause: tch::TchError::Torch(message),
+            }),
+        }
+    }
+}
