@@ -29,6 +29,9 @@ use super::{DistError, ReduceOp};
 
 const UNCLAIMED: usize = usize::MAX;
 
+/// How long a rank watches tasks in progress before it sleeps on the condvar.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// One all_reduce being finished by its ranks.
 pub(crate) struct SplitReduce {
     /// Each rank's own tensor, as a flat view ([numel], same storage).
@@ -38,8 +41,9 @@ pub(crate) struct SplitReduce {
     op: ReduceOp,
     /// (offset, length) of each slice.
     slices: Vec<(i64, i64)>,
-    /// Who claimed the reduction of slice s, and the copy into rank t's tensor
-    /// (t < N-1; rank N-1's tensor holds the result already).
+    /// Who claimed the reduction of slice s, and the copy of slice s into
+    /// rank t's tensor, task t * N + s (t < N-1: rank N-1's tensor holds the
+    /// result already). Copies are per slice too, so that ranks share them.
     reduce_owner: Vec<AtomicUsize>,
     copy_owner: Vec<AtomicUsize>,
     reduce_done: Vec<AtomicUsize>,
@@ -62,9 +66,9 @@ impl SplitReduce {
             op,
             slices,
             reduce_owner: counters(n),
-            copy_owner: counters(n - 1),
+            copy_owner: counters((n - 1) * n),
             reduce_done: counters(n),
-            copy_done: counters(n - 1),
+            copy_done: counters((n - 1) * n),
             failure: Mutex::new(None),
         }))
     }
@@ -96,11 +100,20 @@ impl SplitReduce {
         })
     }
 
-    /// Copies the result (rank N-1's tensor) into rank `t`'s.
-    fn copy_to(&self, t: usize) -> Result<(), tch::TchError> {
+    /// Copy task `task`: slice s of the result (rank N-1's tensor) into rank t's.
+    fn copy_slice(&self, task: usize) -> Result<(), tch::TchError> {
+        let n = self.slices.len();
+        let (t, (offset, len)) = (task / n, self.slices[task % n]);
         let handles = self.handles();
-        let mut target = handles[t].shallow_clone();
-        tch::no_grad(|| target.f_copy_(&handles[handles.len() - 1]))
+        let mut target = handles[t].f_narrow(0, offset, len)?;
+        let result = handles[n - 1].f_narrow(0, offset, len)?;
+        tch::no_grad(|| target.f_copy_(&result))
+    }
+
+    /// Whether every slice of rank `t`'s tensor has its result.
+    fn copied_into(&self, t: usize) -> bool {
+        let n = self.slices.len();
+        all_done(&self.copy_done[t * n..(t + 1) * n])
     }
 }
 
@@ -133,8 +146,10 @@ impl World {
             } else {
                 (&split.copy_owner, &split.copy_done, true)
             };
-            if let Some(task) = claim(owners, rank, rank.min(owners.len().saturating_sub(1))) {
-                let result = if task_is_copy { split.copy_to(task) } else { split.reduce_slice(task) };
+            // Own work first: this rank's slice, or the copies into its own tensor.
+            let start = if task_is_copy { rank.min(last - 1) * self.size } else { rank };
+            if let Some(task) = claim(owners, rank, start) {
+                let result = if task_is_copy { split.copy_slice(task) } else { split.reduce_slice(task) };
                 if let Err(error) = result {
                     *split.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
                 }
@@ -147,10 +162,17 @@ impl World {
             let finished = || match (task_is_copy, rank == last) {
                 (false, _) => all_done(&split.reduce_done),
                 (true, true) => all_done(&split.copy_done), // others read my tensor
-                (true, false) => split.copy_done[rank].load(Ordering::Acquire) != UNCLAIMED,
+                (true, false) => split.copied_into(rank),
             };
             if task_is_copy && finished() {
                 return self.split_failure(rank, split, op_name);
+            }
+            // The tasks in progress run on other cores and take microseconds
+            // to a few milliseconds: watch them briefly before going to sleep,
+            // since a condvar's wake-up alone costs tens of microseconds.
+            let watching = Instant::now();
+            while !finished() && watching.elapsed() < SPIN {
+                std::hint::spin_loop();
             }
             self.wait_for_tasks(rank, split, op_name, deadline, owners, done, &finished)?;
         }
