@@ -20,6 +20,10 @@ use clap::Parser;
 use ddp_workbook::dist::{spawn, ReduceOp};
 use ddp_workbook::tch::{self, Device, Kind, Tensor};
 
+#[path = "support/machine.rs"]
+mod machine;
+use machine::load_average;
+
 #[derive(Parser)]
 #[command(about = "Time the in-process all_reduce against a memcpy of the same size")]
 struct Args {
@@ -79,14 +83,6 @@ fn all_reduce_time(world_size: usize, mib: f64, args: &Args) -> anyhow::Result<D
     })?;
     let slowest = (0..args.rounds).map(|i| per_rank.iter().map(|t| t[i]).max().unwrap_or_default()).collect();
     Ok(median(slowest))
-}
-
-/// The 1-minute load average (Linux), printed next to the timings.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|text| text.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "unknown".into())
 }
 
 fn main() -> anyhow::Result<()> {

@@ -27,6 +27,10 @@ use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::{self, Kind, Tensor};
 
+#[path = "support/machine.rs"]
+mod machine;
+use machine::load_average;
+
 #[derive(Parser)]
 #[command(about = "Time the naive and the bucketed gradient sync on the in-process backend")]
 struct Args {
@@ -141,15 +145,6 @@ fn measure(model: &Model, world_size: usize, args: &Args) -> anyhow::Result<Vec<
         })
         .collect();
     Ok(measured)
-}
-
-/// The 1-minute load average (Linux), to print next to timings taken on a
-/// machine that may be busy with other work.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|text| text.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "unknown".into())
 }
 
 fn main() -> anyhow::Result<()> {

@@ -85,13 +85,7 @@ pub fn dist_error(error: &SpawnError, rank: usize) -> &DistError {
 
 /// The raw bytes of a tensor, to compare results bit for bit (`==` on floats
 /// would call 0.0 and -0.0 equal, and NaN unequal to itself).
-pub fn bytes(tensor: &Tensor) -> Vec<u8> {
-    let tensor = tensor.contiguous();
-    let numel = tensor.numel();
-    let mut out = vec![0u8; numel * tensor.kind().elt_size_in_bytes()];
-    tensor.copy_data_u8(&mut out, numel);
-    out
-}
+pub use ddp_workbook::check::tensor_bytes as bytes;
 
 /// Fails unless every rank's tensor has the same dtype, shape and bits as rank 0's.
 pub fn assert_same_on_every_rank(per_rank: &[Tensor], what: &str) {
