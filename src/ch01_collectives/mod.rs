@@ -9,9 +9,9 @@
 //! chunk per rank and putting it back together. The two phases of the ring
 //! are yours, in `exercise.rs`:
 //!
-//! 1. [`ring_reduce_scatter`]: after N - 1 steps, `chunks[rank]` holds the
+//! 1. [`learner::ring_reduce_scatter`]: after N - 1 steps, `chunks[rank]` holds the
 //!    sum of every rank's `chunks[rank]`;
-//! 2. [`ring_all_gather`]: after N - 1 more steps, every rank holds every
+//! 2. [`learner::ring_all_gather`]: after N - 1 more steps, every rank holds every
 //!    summed chunk.
 //!
 //! [`ring_all_reduce`] runs both on a tensor of any shape, through

@@ -11,7 +11,7 @@
 //! | batch arithmetic: [`micro_batch_size`], [`split_micro_batches`] | `batch.rs` | 4 |
 //! | bucket layouts: [`plan_buckets`], [`Bucket`], [`BucketCaps`] | `layout.rs` | 5 |
 //! | the bucketed sync: [`GradientBuckets`], [`sync_bucket`] | `bucketed.rs` | 5 |
-//! | the sampler: [`DistributedSampler`], [`shard_indices`] | `sampler.rs` | 6 |
+//! | the sampler: [`DistributedSampler`], [`epoch_shard`], [`shard_indices`] | `sampler.rs` | 6 |
 //! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 6 |
 //! | one optimizer step with accumulation: [`train_step`] | `step.rs` | 6 |
 //!
