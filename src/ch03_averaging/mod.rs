@@ -1,15 +1,12 @@
-//! Chapter 03: averaging gradients. After `backward()`, each rank holds the
-//! gradient of its own slice of the batch. You write `sync_gradients`, which
-//! replaces it on every rank by the average over all ranks, so that every
-//! replica takes the same `optimizer.step()` and one process on the whole
-//! global batch would have taken that very step too.
+//! Chapter 03: averaging gradients. You write `sync_gradients`, which
+//! replaces every rank's gradient by the average over all ranks, so that
+//! every replica takes the step one process would take on the global batch.
 //!
 //! Your code:           `cargo test --test chapter_03`
 //! The reference code:  `cargo test --features solutions --test chapter_03`
 //!
-//! This file holds the chapter's stage of the wrapper, [`NaiveDdp`]: the
-//! library's [`Replicated`] core (its construction runs the library's replica
-//! check, so you can start here) plus one method, which runs your code; and
+//! Here: [`NaiveDdp`], the library's [`Replicated`] core (checked by the
+//! library, so you can start here) plus one method that runs your code, and
 //! [`train_step`], one DDP step as this chapter teaches it.
 
 use std::ops::Deref;
