@@ -18,6 +18,12 @@ use tch::{TchError, Tensor};
 /// [`step`](Self::step) and two tensors per parameter, the running means of
 /// the gradient and of its square, available by name through
 /// [`state`](Self::state) and [`load_state`](Self::load_state).
+///
+/// For speed it keeps everything flat: [`new`](Self::new) lays the
+/// parameters of each dtype out in one buffer (each parameter becomes a view
+/// into it, its values unchanged), the moments are flat buffers too, and a
+/// step gathers the gradients into one more and updates all of them with a
+/// handful of libtorch calls instead of a dozen per tensor.
 pub struct AdamW {
     /// The learning rate of the next step; the training loop sets it before
     /// each step (warm-up, decay).
@@ -30,31 +36,50 @@ pub struct AdamW {
     pub weight_decay: f64,
     /// Shallow handles on the parameters (they share storage and `.grad()`).
     params: Vec<(String, Tensor)>,
-    /// First moments, the running mean of the gradient; one per parameter.
-    exp_avg: Vec<Tensor>,
-    /// Second moments, the running mean of the squared gradient.
-    exp_avg_sq: Vec<Tensor>,
+    /// The flat buffers, one group per dtype and device.
+    groups: Vec<FlatGroup>,
     /// Steps taken so far; the bias correction depends on it.
     step: i64,
 }
 
+/// The parameters of one dtype and device, and their state, each as one flat
+/// buffer; `members` index `params`, in order, back to back in every buffer.
+struct FlatGroup {
+    members: Vec<usize>,
+    param: Tensor,
+    grad: Tensor,
+    /// First moments, the running mean of the gradient.
+    exp_avg: Tensor,
+    /// Second moments, the running mean of the squared gradient.
+    exp_avg_sq: Tensor,
+    /// Per member, views shaped like it: its slot in `grad`, `exp_avg`, `exp_avg_sq`.
+    grad_slots: Vec<Tensor>,
+    exp_avg_slots: Vec<Tensor>,
+    exp_avg_sq_slots: Vec<Tensor>,
+}
+
 impl AdamW {
     /// PyTorch's defaults for the betas and eps: 0.9, 0.999, 1e-8. Moments
-    /// start at zero, shaped like their parameters.
+    /// start at zero. Lays the parameters out flat (see above).
     pub fn new(params: &[(String, Tensor)], lr: f64, weight_decay: f64) -> AdamW {
-        let zeros = || params.iter().map(|(_, p)| p.zeros_like().detach()).collect::<Vec<_>>();
-        let params = params.iter().map(|(name, p)| (name.clone(), p.shallow_clone())).collect();
-        AdamW {
-            lr,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay,
-            params,
-            exp_avg: zeros(),
-            exp_avg_sq: zeros(),
-            step: 0,
+        let mut params: Vec<(String, Tensor)> =
+            params.iter().map(|(name, p)| (name.clone(), p.shallow_clone())).collect();
+        let mut keys: Vec<(tch::Kind, tch::Device)> = Vec::new();
+        for (_, p) in &params {
+            if !keys.contains(&(p.kind(), p.device())) {
+                keys.push((p.kind(), p.device()));
+            }
         }
+        let groups = keys
+            .into_iter()
+            .map(|key| {
+                let members: Vec<usize> = (0..params.len())
+                    .filter(|&i| (params[i].1.kind(), params[i].1.device()) == key)
+                    .collect();
+                FlatGroup::lay_out(&mut params, members)
+            })
+            .collect();
+        AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, params, groups, step: 0 }
     }
 
     /// Forgets every gradient: the next `backward` starts from nothing.
@@ -73,24 +98,37 @@ impl AdamW {
         let bias_correction1 = 1.0 - self.beta1.powf(t);
         let bias_correction2 = 1.0 - self.beta2.powf(t);
         let step_size = self.lr / bias_correction1;
+        let decay = 1.0 - self.lr * self.weight_decay;
+        let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+        let update = |p: &mut Tensor, g: &Tensor, m: &mut Tensor, v: &mut Tensor| -> Result<(), TchError> {
+            // In-place ops (trailing `_`) also return a handle on the tensor
+            // they changed; `let _` drops it.
+            if decay != 1.0 {
+                let _ = p.f_mul_scalar_(decay)?; // decoupled decay
+            }
+            let _ = m.f_mul_scalar_(b1)?.f_add_(&(g * (1.0 - b1)))?; // m = b1 m + (1 - b1) g
+            let _ = v.f_mul_scalar_(b2)?.f_addcmul_(&(g * (1.0 - b2)), g)?; // v = b2 v + (1 - b2) g²
+            let denom = (v.f_sqrt()? / bias_correction2.sqrt()).f_add_scalar_(eps)?;
+            let _ = p.f_addcdiv_(&(&*m * -step_size), &denom)?; // p -= step_size * m / denom
+            Ok(())
+        };
         tch::no_grad(|| {
-            for (((_, param), m), v) in
-                self.params.iter_mut().zip(&mut self.exp_avg).zip(&mut self.exp_avg_sq)
-            {
-                let grad = param.grad();
-                if !grad.defined() {
-                    continue; // not in this step's loss: no update, as in PyTorch
+            for group in &mut self.groups {
+                let grads: Vec<Tensor> = group.members.iter().map(|&i| self.params[i].1.grad()).collect();
+                if grads.iter().all(Tensor::defined) {
+                    // Every member has a gradient: one flat update.
+                    for (slot, grad) in group.grad_slots.iter_mut().zip(&grads) {
+                        slot.f_copy_(grad)?;
+                    }
+                    update(&mut group.param, &group.grad, &mut group.exp_avg, &mut group.exp_avg_sq)?;
+                    continue;
                 }
-                // In-place ops (trailing `_`) also return a handle on the
-                // tensor they changed; `let _` drops it.
-                if self.weight_decay != 0.0 {
-                    let _ = param.f_mul_scalar_(1.0 - self.lr * self.weight_decay)?;
-                    // decoupled decay
+                // Some parameter took no part in this step's loss: it gets no
+                // update, as in PyTorch; the others are updated one by one.
+                for (k, grad) in grads.iter().enumerate().filter(|(_, g)| g.defined()) {
+                    let mut param = self.params[group.members[k]].1.shallow_clone();
+                    update(&mut param, grad, &mut group.exp_avg_slots[k], &mut group.exp_avg_sq_slots[k])?;
                 }
-                let _ = m.f_mul_scalar_(self.beta1)?.f_add_(&(&grad * (1.0 - self.beta1)))?; // m = b1 m + (1 - b1) g
-                let _ = v.f_mul_scalar_(self.beta2)?.f_addcmul_(&(&grad * (1.0 - self.beta2)), &grad)?; // v = b2 v + (1 - b2) g²
-                let denom = (v.f_sqrt()? / bias_correction2.sqrt()).f_add_scalar_(self.eps)?;
-                let _ = param.f_addcdiv_(&(&*m * -step_size), &denom)?; // p -= step_size * m / denom
             }
             Ok(())
         })
@@ -98,17 +136,52 @@ impl AdamW {
 }
 // ANCHOR_END: adamw
 
+impl FlatGroup {
+    /// One flat buffer for `members`' values, which become views into it.
+    fn lay_out(params: &mut [(String, Tensor)], members: Vec<usize>) -> FlatGroup {
+        let flats: Vec<Tensor> = members.iter().map(|&i| params[i].1.detach().reshape([-1])).collect();
+        let param = Tensor::cat(&flats, 0); // [numel of all members], a copy of their values
+        let zeros = || param.zeros_like();
+        let (grad, exp_avg, exp_avg_sq) = (zeros(), zeros(), zeros());
+        let mut offset = 0;
+        let (mut grad_slots, mut exp_avg_slots, mut exp_avg_sq_slots) = (vec![], vec![], vec![]);
+        for &i in &members {
+            let (numel, shape) = (params[i].1.numel() as i64, params[i].1.size());
+            let slot = |flat: &Tensor| flat.narrow(0, offset, numel).view(shape.as_slice());
+            // The parameter's data is now its slot of the flat buffer (the
+            // model, the wrapper and the VarStore share this tensor).
+            params[i].1.set_data(&slot(&param));
+            grad_slots.push(slot(&grad));
+            exp_avg_slots.push(slot(&exp_avg));
+            exp_avg_sq_slots.push(slot(&exp_avg_sq));
+            offset += numel;
+        }
+        FlatGroup { members, param, grad, exp_avg, exp_avg_sq, grad_slots, exp_avg_slots, exp_avg_sq_slots }
+    }
+}
+
 impl AdamW {
     /// How many steps this optimizer has taken.
     pub fn steps_taken(&self) -> i64 {
         self.step
     }
 
+    /// Parameter `i`'s moments: views into its group's flat buffers.
+    fn moments_of(&self, i: usize) -> (Tensor, Tensor) {
+        for group in &self.groups {
+            if let Some(k) = group.members.iter().position(|&member| member == i) {
+                return (group.exp_avg_slots[k].shallow_clone(), group.exp_avg_sq_slots[k].shallow_clone());
+            }
+        }
+        unreachable!("every parameter belongs to one group")
+    }
+
     /// The state to checkpoint: `exp_avg.<name>` and `exp_avg_sq.<name>` for
     /// every parameter (detached copies), and the step count as `step`.
     pub fn state(&self) -> Vec<(String, Tensor)> {
         let mut state = vec![("step".to_string(), Tensor::from_slice(&[self.step]))];
-        for (((name, _), m), v) in self.params.iter().zip(&self.exp_avg).zip(&self.exp_avg_sq) {
+        for (i, (name, _)) in self.params.iter().enumerate() {
+            let (m, v) = self.moments_of(i);
             state.push((format!("exp_avg.{name}"), m.copy()));
             state.push((format!("exp_avg_sq.{name}"), v.copy()));
         }
@@ -124,11 +197,10 @@ impl AdamW {
         let step = find("step")?;
         let step = Vec::<i64>::try_from(step).ok().and_then(|s| s.first().copied()).filter(|&s| s >= 0);
         let step = step.ok_or("the optimizer entry `step` is not a step count")?;
-        let moments = self.exp_avg.iter_mut().map(|m| ("exp_avg", m));
-        let moments = moments.chain(self.exp_avg_sq.iter_mut().map(|v| ("exp_avg_sq", v)));
-        let names = self.params.iter().map(|(n, _)| n).cycle();
-        for ((prefix, moment), name) in moments.zip(names) {
-            let key = format!("{prefix}.{name}");
+        for (i, prefix) in (0..self.params.len()).flat_map(|i| [(i, "exp_avg"), (i, "exp_avg_sq")]) {
+            let (m, v) = self.moments_of(i);
+            let mut moment = if prefix == "exp_avg" { m } else { v };
+            let key = format!("{prefix}.{}", self.params[i].0);
             let saved = find(&key)?;
             if saved.size() != moment.size() || saved.kind() != moment.kind() {
                 return Err(format!(
