@@ -1,7 +1,9 @@
 //! examples/bench_optimizer.rs: how long one AdamW step takes on the tiny
 //! GPT of the training run (29 parameter tensors, 104,192 numbers), against
 //! the fastest it could be here: the same update on one flat tensor of the
-//! same size, a handful of libtorch calls. Prints a Markdown table.
+//! same size, a handful of libtorch calls; and against `torch.optim.AdamW`
+//! (default, foreach and fused) from the project's `.venv`, on the same
+//! shapes, through `scripts/bench_torch_adamw.py`. Prints a Markdown table.
 //!
 //! Run: cargo run --release --example bench_optimizer
 //!      cargo run --release --example bench_optimizer -- --steps 2000
@@ -72,6 +74,33 @@ fn flat_adamw(p: &mut Tensor, g: &Tensor, m: &mut Tensor, v: &mut Tensor, step: 
     .expect("the flat update runs");
 }
 
+/// `torch.optim.AdamW`'s three implementations on `shapes`, timed by
+/// `scripts/bench_torch_adamw.py` with the project's Python.
+fn torch_adamw(shapes: &[Vec<i64>], args: &Args) -> Result<Vec<(String, Duration)>, String> {
+    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    if !python.is_file() {
+        return Err(format!("{} is missing: run scripts/setup.sh", python.display()));
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench_torch_adamw.py");
+    let shapes = format!("{shapes:?}");
+    let output = std::process::Command::new(python)
+        .arg(script)
+        .args([shapes, args.steps.to_string(), args.warmup.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run the Python script: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("the Python script failed: {}", String::from_utf8_lossy(&output.stderr)));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| {
+            let (name, ms) = line.split_once(' ').ok_or(format!("unexpected line {line:?}"))?;
+            let ms: f64 = ms.trim().parse().map_err(|_| format!("unexpected line {line:?}"))?;
+            Ok((format!("torch.optim.AdamW ({name})"), Duration::from_secs_f64(ms / 1e3)))
+        })
+        .collect()
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.steps > 0, "--steps must be at least 1");
@@ -107,12 +136,22 @@ fn main() -> anyhow::Result<()> {
         params.len(),
         args.steps
     );
+    let mut rows = vec![
+        ("ours (train::AdamW)".to_string(), ours_time),
+        ("the same update on one flat tensor".to_string(), flat_time),
+    ];
+    let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
+    match torch_adamw(&shapes, &args) {
+        Ok(torch_rows) => rows.extend(torch_rows),
+        Err(why) => println!("(no torch.optim.AdamW rows: {why})\n"),
+    }
     println!("| optimizer | ms / step | vs one flat tensor |");
     println!("| --- | ---: | ---: |");
-    for (name, t) in [("ours (train::AdamW)", ours_time), ("the same update on one flat tensor", flat_time)] {
+    for (name, t) in rows {
         let ratio = t.as_secs_f64() / flat_time.as_secs_f64();
         println!("| {name} | {:.3} | {ratio:.1}x |", t.as_secs_f64() * 1e3);
     }
+    println!("\n(torch.optim.AdamW runs in its own process, after ours, on the same machine.)");
     println!("\nload average: {}", load_average());
     Ok(())
 }
