@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""scripts/bench_torch_ddp.py: the workbook's training run written with
+PyTorch's own DistributedDataParallel, for a head-to-head on equal work:
+the same tiny GPT (src/models/gpt.rs: 2 blocks, 4 heads, width 64, 104,192
+parameters, attention written out as in ours), the same sorting task
+(src/data.rs, TokenTask::standard), 2 processes on the gloo backend, 16
+sequences per rank per micro-batch, 2 micro-batches per step (no_sync on the
+first), AdamW at 3e-3, one libtorch thread per process.
+examples/bench_vs_pytorch.rs runs it in alternating rounds with ours:
+
+    cargo run --release --example bench_vs_pytorch
+
+Run alone: .venv/bin/python scripts/bench_torch_ddp.py --steps 200
+Prints `tokens_per_second N` (rank 0's, over the timed steps).
+"""
+
+import argparse
+import math
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+
+VOCAB, BLOCK, N_LAYER, N_HEAD, N_EMBD = 16, 32, 2, 4, 64
+N_SYMBOLS, HALF_LEN = 15, 16
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(N_EMBD, 3 * N_EMBD)
+        self.proj = nn.Linear(N_EMBD, N_EMBD)
+        self.register_buffer("causal_mask", torch.tril(torch.ones(BLOCK, BLOCK)))
+
+    def forward(self, x):
+        batch, seq, n_embd = x.shape
+        head_dim = n_embd // N_HEAD
+        q, k, v = self.qkv(x).split(n_embd, dim=2)
+        q, k, v = (t.view(batch, seq, N_HEAD, head_dim).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
+        hidden = self.causal_mask[:seq, :seq] == 0
+        weights = scores.masked_fill(hidden, float("-inf")).softmax(-1)
+        y = (weights @ v).transpose(1, 2).contiguous().view(batch, seq, n_embd)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(N_EMBD), Attention()
+        self.ln2 = nn.LayerNorm(N_EMBD)
+        self.fc, self.proj = nn.Linear(N_EMBD, 4 * N_EMBD), nn.Linear(4 * N_EMBD, N_EMBD)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class Gpt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_emb, self.pos_emb = nn.Embedding(VOCAB, N_EMBD), nn.Embedding(BLOCK, N_EMBD)
+        self.blocks = nn.ModuleList(Block() for _ in range(N_LAYER))
+        self.ln_f, self.lm_head = nn.LayerNorm(N_EMBD), nn.Linear(N_EMBD, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def sorting_task(seed, n):
+    """Sequences `first | separator | sorted(first)`, as TokenTask::standard."""
+    generator = torch.Generator().manual_seed(seed)
+    first = torch.randint(N_SYMBOLS, (n, HALF_LEN), generator=generator)
+    separator = torch.full((n, 1), N_SYMBOLS)
+    return torch.cat([first, separator, first.sort(dim=1).values], dim=1)
+
+
+def masked_cross_entropy(logits, targets, mask):
+    log_probs = logits.log_softmax(-1)
+    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return -(picked * mask).sum() / mask.sum()
+
+
+def run(rank, world_size, port, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.set_num_threads(1)
+    torch.manual_seed(1337)
+    sequences = sorting_task(1337, args.train_sequences)
+    model = DistributedDataParallel(Gpt())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    sampler = DistributedSampler(range(len(sequences)), world_size, rank, shuffle=True, seed=1337)
+    mask = (torch.arange(2 * HALF_LEN) >= HALF_LEN).float().expand(args.batch_size, -1)
+    epoch, shard, position = 0, list(sampler), 0
+
+    def next_micro_batch():
+        nonlocal epoch, shard, position
+        if position + args.batch_size > len(shard):
+            epoch += 1
+            sampler.set_epoch(epoch)
+            shard, position = list(sampler), 0
+        rows = sequences[shard[position : position + args.batch_size]]
+        position += args.batch_size
+        return rows[:, : 2 * HALF_LEN], rows[:, 1:]
+
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        optimizer.zero_grad()
+        for i in range(args.accum_steps):
+            inputs, targets = next_micro_batch()
+            loss = masked_cross_entropy(model(inputs), targets, mask) / args.accum_steps
+            if i + 1 < args.accum_steps:
+                with model.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+            loss.item()  # read each loss, as the workbook's loop does
+        optimizer.step()
+    elapsed = time.perf_counter() - started
+    if rank == 0:
+        tokens = args.steps * args.batch_size * args.accum_steps * world_size * 2 * HALF_LEN
+        print(f"tokens_per_second {tokens / elapsed:.1f}", flush=True)
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--accum-steps", type=int, default=2)
+    parser.add_argument("--train-sequences", type=int, default=20_000)
+    args = parser.parse_args()
+    mp.spawn(run, args=(args.world_size, free_port(), args), nprocs=args.world_size)
+
+
+if __name__ == "__main__":
+    main()
