@@ -26,7 +26,7 @@ mod saving;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Progress, Setting};
 pub use optim::AdamW;
-pub use run::{evaluate, lr_at, train_rank};
+pub use run::{evaluate, lr_at, train_rank, StepPhases};
 
 // ANCHOR: config
 /// Everything that defines a training run. `TrainConfig::default()` is the
@@ -264,6 +264,8 @@ pub struct RankOutcome {
     pub sync_time: Duration,
     /// Input tokens of all ranks per second of `train_time`.
     pub tokens_per_second: f64,
+    /// `train_time` split into the phases of a step.
+    pub phases: StepPhases,
 }
 
 // ANCHOR: train

@@ -119,17 +119,21 @@ pub fn train_rank(
     let tokens_per_step = (config.global_batch() as i64 * task.seq_len()) as f64;
     let k = config.accum_steps;
     let (mut losses, mut train_time, mut window) = (Vec::new(), Duration::ZERO, (Duration::ZERO, 0));
+    let mut phases = StepPhases::default();
     for step in first_step..=last_step {
         // ANCHOR: step
         let started = Instant::now();
+        let mut lap = Lap::from(started); // where the step's time goes, for the benchmarks
         optimizer.lr = lr_at(config, step - 1);
         optimizer.zero_grad(); // backward ADDS to .grad: clear the last step's
         let mut rank_loss = 0.0;
         let mut last_micro_batch = None;
         for i in 0..k {
             let (inputs, targets, mask) = micro_batch(&task, cursor.next_micro_batch(config.batch_size));
+            phases.data += lap.next();
             let logits = ddp.forward(&inputs); // [batch, seq, vocab]
             let loss = masked_cross_entropy(&logits, &targets, &mask) / k as f64; // [], divided by k (chapter 4)
+            phases.forward += lap.next();
             if i + 1 < k {
                 let _no_sync = ddp.no_sync();
                 ddp.backward(&loss)?; // accumulate on this rank, send nothing
@@ -138,8 +142,10 @@ pub fn train_rank(
                 last_micro_batch = Some((logits, targets, mask));
             }
             rank_loss += loss.double_value(&[]);
+            phases.backward += lap.next(); // the sync inside is taken out at the end
         }
         optimizer.step().with_context(|| format!("rank {rank}: optimizer step {step}"))?;
+        phases.optimizer += lap.next();
         let elapsed = started.elapsed();
         train_time += elapsed;
         window = (window.0 + elapsed, window.1 + 1);
@@ -176,12 +182,54 @@ pub fn train_rank(
         // ANCHOR_END: rank0
     }
     let sync_time = ddp.sync_time();
+    phases.sync = sync_time;
+    phases.backward = phases.backward.saturating_sub(sync_time);
     let evaluation = (rank == 0).then(|| evaluate(ddp.module(), config));
     let weights = snapshot(&model_tensors(&vs));
     let tokens_per_second = losses.len() as f64 * tokens_per_step / train_time.as_secs_f64().max(1e-9);
-    Ok(RankOutcome { rank, last_step, losses, weights, evaluation, train_time, sync_time, tokens_per_second })
+    Ok(RankOutcome {
+        rank,
+        last_step,
+        losses,
+        weights,
+        evaluation,
+        train_time,
+        sync_time,
+        tokens_per_second,
+        phases,
+    })
 }
 // ANCHOR_END: train_rank
+
+/// Where one rank's training steps spent their time, summed over the steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepPhases {
+    /// Looking up and cutting the micro-batches.
+    pub data: Duration,
+    /// The forward pass and the loss.
+    pub forward: Duration,
+    /// The backward pass, without the gradient sync.
+    pub backward: Duration,
+    /// The gradient sync (the wrapper's `sync_time`: communication and waiting).
+    pub sync: Duration,
+    pub optimizer: Duration,
+}
+
+/// The time since the last lap.
+struct Lap(Instant);
+
+impl Lap {
+    fn from(start: Instant) -> Lap {
+        Lap(start)
+    }
+
+    fn next(&mut self) -> Duration {
+        let now = Instant::now();
+        let since = now - self.0;
+        self.0 = now;
+        since
+    }
+}
 
 /// The model's parameters, then its buffers: what a checkpoint saves of it.
 fn model_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
