@@ -1,11 +1,13 @@
 //! examples/bench_sync.rs: how long one gradient sync takes with chapter 3's
-//! naive sync (one all-reduce per parameter) and with chapter 5's buckets
-//! (one all-reduce per bucket, PyTorch's default caps), on a model of many
-//! small tensors and on one of a few large tensors, for 1, 2 and 4 ranks of
-//! the in-process backend. Prints a Markdown table. Both syncs are the
-//! library's (`ddp::naive::sync_gradients` and `ddp::GradientBuckets`), the
-//! references of chapters 3 and 5, so the benchmark runs before you have
-//! done the exercises.
+//! naive sync (one all-reduce per parameter), with chapter 5's buckets (one
+//! all-reduce per bucket, PyTorch's default caps, each gradient copied into
+//! its bucket and back), and with the finished library's buckets, in which
+//! the gradients live (nothing copied), on a model of many small tensors and
+//! on one of a few large tensors, for 1, 2 and 4 ranks of the in-process
+//! backend. Prints a Markdown table. All three are the library's
+//! (`ddp::naive::sync_gradients`, `GradientBuckets::sync_with(sync_bucket)`
+//! and `GradientBuckets::sync`), so the benchmark runs before you have done
+//! the exercises.
 //!
 //! Run: cargo run --release --example bench_sync
 //!      cargo run --release --example bench_sync -- --steps 10 --world-sizes 2,4
@@ -21,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets};
+use ddp_workbook::ddp::{naive, sync_bucket, BucketCaps, GradientBuckets};
 use ddp_workbook::dist::spawn;
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::nn::Module;
@@ -61,18 +63,21 @@ struct Model {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Method {
     Naive,
-    Bucketed,
+    /// Chapter 5's sync: each gradient copied into its bucket and back.
+    BucketedCopies,
+    /// The finished library's: the gradients live in the buckets.
+    BucketedInPlace,
 }
 
-/// Both syncs run in the same loop, one after the other at every step, so
-/// that both meet the same load from whatever else runs on the machine.
-const METHODS: [Method; 2] = [Method::Naive, Method::Bucketed];
+/// The syncs run in the same loop, one after the other at every step, so
+/// that all meet the same load from whatever else runs on the machine.
+const METHODS: [Method; 3] = [Method::Naive, Method::BucketedCopies, Method::BucketedInPlace];
 
 /// What one rank saw, per method (indexed like [`METHODS`]).
 struct RankRecord {
-    times: [Vec<Duration>; 2],
-    all_reduces: [u64; 2],
-    bytes: [u64; 2],
+    times: [Vec<Duration>; 3],
+    all_reduces: [u64; 3],
+    bytes: [u64; 3],
     numel: i64,
     tensors: usize,
 }
@@ -90,20 +95,27 @@ struct Measured {
 /// naive sync and one bucketed sync.
 fn measure(model: &Model, world_size: usize, args: &Args) -> anyhow::Result<Vec<Measured>> {
     let per_rank = spawn(world_size, |pg| {
-        let (vs, mlp) = Mlp::seeded(1, &model.sizes, Kind::Float);
-        let params = named_parameters(&vs);
+        // Two copies of the model: the in-place sync turns its gradients into
+        // views of its buckets, which the other two syncs must not see.
         let x = Tensor::randn([8, model.sizes[0]], (Kind::Float, tch::Device::Cpu)); // [8, in]
-        mlp.forward(&x).square().mean(Kind::Float).backward(); // every parameter has a gradient now
+        let with_gradients = || {
+            let (vs, mlp) = Mlp::seeded(1, &model.sizes, Kind::Float);
+            mlp.forward(&x).square().mean(Kind::Float).backward(); // every parameter has a gradient now
+            let params = named_parameters(&vs);
+            (vs, params)
+        };
+        let ((_vs, params), (_vs_in_place, params_in_place)) = (with_gradients(), with_gradients());
 
-        // What the wrapper sets up at construction: the layout, and one
+        // What the wrappers set up at construction: the layout, and one
         // buffer per bucket, allocated once.
         let buckets = GradientBuckets::plan(pg.as_ref(), &params, BucketCaps::default())?;
+        let buckets_in_place = GradientBuckets::plan(pg.as_ref(), &params_in_place, BucketCaps::default())?;
 
         let numel = params.iter().map(|(_, t)| t.numel() as i64).sum();
         let mut record = RankRecord {
-            times: [vec![], vec![]],
-            all_reduces: [0; 2],
-            bytes: [0; 2],
+            times: [vec![], vec![], vec![]],
+            all_reduces: [0; 3],
+            bytes: [0; 3],
             numel,
             tensors: params.len(),
         };
@@ -114,7 +126,8 @@ fn measure(model: &Model, world_size: usize, args: &Args) -> anyhow::Result<Vec<
                 let start = Instant::now();
                 match method {
                     Method::Naive => naive::sync_gradients(pg.as_ref(), &params)?,
-                    Method::Bucketed => buckets.sync(pg.as_ref(), &params)?,
+                    Method::BucketedCopies => buckets.sync_with(pg.as_ref(), &params, sync_bucket)?,
+                    Method::BucketedInPlace => buckets_in_place.sync(pg.as_ref(), &params_in_place)?,
                 }
                 let elapsed = start.elapsed();
                 let after = pg.stats();
@@ -163,7 +176,7 @@ fn main() -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     println!(
         "in-process backend, {cores} cores, libtorch intra-op threads: {}, {} warm-up + {} timed steps per case \
-         (each step: one naive sync, then one bucketed sync), median of the slowest rank's time\n",
+         (each step: the naive sync, then the two bucketed ones), median of the slowest rank's time\n",
         tch::get_num_threads(),
         args.warmup,
         args.steps
@@ -177,9 +190,14 @@ fn main() -> anyhow::Result<()> {
             for (method, m) in METHODS.iter().zip(&measured) {
                 let (name, speed_up) = match method {
                     Method::Naive => ("naive (ch. 3)", String::new()),
-                    Method::Bucketed => {
+                    Method::BucketedCopies | Method::BucketedInPlace => {
                         let ratio = naive.median.as_secs_f64() / m.median.as_secs_f64();
-                        ("bucketed (ch. 5)", format!("{ratio:.1}x"))
+                        let name = if *method == Method::BucketedCopies {
+                            "bucketed, copies (ch. 5)"
+                        } else {
+                            "bucketed, in place (library)"
+                        };
+                        (name, format!("{ratio:.1}x"))
                     }
                 };
                 println!(

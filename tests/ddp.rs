@@ -62,3 +62,41 @@ fn micro_batch_size_refuses_zero_ranks_and_overflow_instead_of_panicking() {
     assert!(negative.contains("the global batch") && negative.contains("-1"), "{negative}");
     assert_eq!(micro_batch_size(32, 2, 2).expect("32 = 8 x 2 x 2"), 8);
 }
+
+#[test]
+fn gradients_live_in_the_buckets_after_the_first_sync_and_stay_there() {
+    let placed = spawn_with(spawn_options(2), |pg| {
+        let (rank, data) = (pg.rank(), Regression::new(1, 8, 4, 1, Kind::Double));
+        let (vs, model) = Mlp::seeded(2, SIZES, Kind::Double);
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, SMALL)?;
+        let mut optimizer =
+            ddp_workbook::train::AdamW::with_groups(ddp.parameters(), 1e-3, 0.0, ddp.flat_groups());
+        let mut where_after_each_step = vec![];
+        for step in 0..3 {
+            optimizer.zero_grad();
+            let (x, y) = data.batch(4 * rank as i64, 4);
+            ddp.backward(&mse(&ddp.forward(&x), &y))?;
+            optimizer.step()?;
+            // Every gradient's storage lies inside its bucket's buffer, in its slot.
+            for (members, buffer) in ddp.flat_groups() {
+                let (start, elt) = (buffer.data_ptr() as usize, buffer.kind().elt_size_in_bytes());
+                let mut offset = 0;
+                for member in members {
+                    let (name, param) = &ddp.parameters()[member];
+                    let at = param.grad().data_ptr() as usize;
+                    anyhow::ensure!(
+                        at == start + offset * elt,
+                        "step {step}: `{name}`'s gradient is not in its slot"
+                    );
+                    offset += param.numel();
+                }
+            }
+            where_after_each_step.push(ddp.parameters()[0].1.grad().data_ptr() as usize);
+        }
+        Ok(where_after_each_step)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    for (rank, pointers) in placed.iter().enumerate() {
+        assert!(pointers.windows(2).all(|w| w[0] == w[1]), "rank {rank}: a gradient moved between steps");
+    }
+}

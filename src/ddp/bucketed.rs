@@ -55,8 +55,8 @@ pub type SyncBucket =
 /// one flat buffer per bucket, `[bucket.numel]`, allocated once and reused
 /// every step.
 pub struct GradientBuckets {
-    layout: Vec<Bucket>,
-    buffers: Vec<Tensor>,
+    pub(super) layout: Vec<Bucket>,
+    pub(super) buffers: Vec<Tensor>,
 }
 
 impl GradientBuckets {
@@ -103,11 +103,6 @@ impl GradientBuckets {
         check_same_layout(pg, caps, &layout)?;
         let buffers = layout.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
         Ok(GradientBuckets { layout, buffers })
-    }
-
-    /// Averages every gradient of `params` over all ranks with [`sync_bucket`].
-    pub fn sync(&self, pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Result<(), DistError> {
-        self.sync_with(pg, params, sync_bucket)
     }
 
     /// Averages every gradient over all ranks, one all-reduce per bucket, in
@@ -240,7 +235,7 @@ fn check_same_layout(
 /// slot is not zero, another rank did compute a gradient for it: the others
 /// will update it and this rank will not, and the replicas drift apart
 /// silently. Turn that into an error that names the parameter.
-fn check_missing_gradients(
+pub(super) fn check_missing_gradients(
     pg: &dyn ProcessGroup,
     bucket: &Bucket,
     buffer: &Tensor,

@@ -33,6 +33,7 @@
 //! ```
 
 mod batch;
+mod bucket_views;
 mod bucketed;
 mod layout;
 pub mod naive;

@@ -128,6 +128,12 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         self.buckets.layout()
     }
 
+    /// Each bucket's members and its buffer, where their averaged gradients
+    /// are after a sync: `AdamW::with_groups` updates them there, flat.
+    pub fn flat_groups(&self) -> Vec<(Vec<usize>, Tensor)> {
+        self.buckets.flat_groups()
+    }
+
     /// The names of each bucket's parameters, in buffer order.
     pub fn bucket_names(&self) -> Vec<Vec<String>> {
         self.buckets.names(self.parameters())

@@ -76,8 +76,28 @@ impl AdamW {
                 let members: Vec<usize> = (0..params.len())
                     .filter(|&i| (params[i].1.kind(), params[i].1.device()) == key)
                     .collect();
-                FlatGroup::lay_out(&mut params, members)
+                FlatGroup::lay_out(&mut params, members, None)
             })
+            .collect();
+        AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, params, groups, step: 0 }
+    }
+
+    /// [`new`](Self::new), laid out in the given groups instead of one per
+    /// dtype: each group's members (indices into `params`, one dtype and
+    /// device) and the flat buffer that holds their gradients back to back,
+    /// such as the DDP wrapper's buckets (`ddp.flat_groups()`). Then a step
+    /// reads the averaged gradients where the sync left them, copying nothing.
+    pub fn with_groups(
+        params: &[(String, Tensor)],
+        lr: f64,
+        weight_decay: f64,
+        layout: Vec<(Vec<usize>, Tensor)>,
+    ) -> AdamW {
+        let mut params: Vec<(String, Tensor)> =
+            params.iter().map(|(name, p)| (name.clone(), p.shallow_clone())).collect();
+        let groups = layout
+            .into_iter()
+            .map(|(members, grad)| FlatGroup::lay_out(&mut params, members, Some(grad)))
             .collect();
         AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, params, groups, step: 0 }
     }
@@ -118,7 +138,9 @@ impl AdamW {
                 if grads.iter().all(Tensor::defined) {
                     // Every member has a gradient: one flat update.
                     for (slot, grad) in group.grad_slots.iter_mut().zip(&grads) {
-                        slot.f_copy_(grad)?;
+                        if slot.data_ptr() != grad.data_ptr() {
+                            slot.f_copy_(grad)?; // a gradient not already in its place
+                        }
                     }
                     update(&mut group.param, &group.grad, &mut group.exp_avg, &mut group.exp_avg_sq)?;
                     continue;
@@ -137,12 +159,13 @@ impl AdamW {
 // ANCHOR_END: adamw
 
 impl FlatGroup {
-    /// One flat buffer for `members`' values, which become views into it.
-    fn lay_out(params: &mut [(String, Tensor)], members: Vec<usize>) -> FlatGroup {
+    /// One flat buffer for `members`' values, which become views into it;
+    /// their gradients are gathered into `grad`, or a buffer of its own.
+    fn lay_out(params: &mut [(String, Tensor)], members: Vec<usize>, grad: Option<Tensor>) -> FlatGroup {
         let flats: Vec<Tensor> = members.iter().map(|&i| params[i].1.detach().reshape([-1])).collect();
         let param = Tensor::cat(&flats, 0); // [numel of all members], a copy of their values
         let zeros = || param.zeros_like();
-        let (grad, exp_avg, exp_avg_sq) = (zeros(), zeros(), zeros());
+        let (grad, exp_avg, exp_avg_sq) = (grad.unwrap_or_else(zeros), zeros(), zeros());
         let mut offset = 0;
         let (mut grad_slots, mut exp_avg_slots, mut exp_avg_sq_slots) = (vec![], vec![], vec![]);
         for &i in &members {

@@ -100,7 +100,10 @@ pub fn train_rank(
     let caps =
         BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) };
     let ddp = SimpleDistributedDataParallelism::with_bucket_caps(gpt, &vs, pg.clone(), caps)?;
-    let mut optimizer = AdamW::new(ddp.parameters(), config.lr, config.weight_decay);
+    // Parameters, gradients and moments flat in the buckets' layout: the
+    // sync and the optimizer copy nothing.
+    let mut optimizer =
+        AdamW::with_groups(ddp.parameters(), config.lr, config.weight_decay, ddp.flat_groups());
     let mut progress = Progress { step: 0, epoch: 0, position: 0 };
     if let Some((path, saved)) = &saved {
         let invalid = |detail| CheckpointError::Invalid { path: path.to_path_buf(), detail };
