@@ -34,18 +34,8 @@ impl World {
             if let Some(message) = state.mailboxes.get_mut(&(src, dst)).and_then(VecDeque::pop_front) {
                 return Ok(message);
             }
-            let op = op_name.to_string();
-            if let Some(reason) = state.gone[src].clone() {
-                return Err(DistError::PeerGone {
-                    rank: self.global[dst],
-                    op,
-                    peer: self.global[src],
-                    reason,
-                });
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                let (rank, missing) = (self.global[dst], vec![self.global[src]]);
-                return Err(DistError::Timeout { rank, op, missing, waited: self.timeout });
+            if let Some(error) = self.wait_failure(&state.gone, dst, &[src], deadline, op_name) {
+                return Err(error);
             }
             state = self.wait(state, deadline);
         }

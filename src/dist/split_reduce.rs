@@ -200,24 +200,8 @@ impl World {
                 .map(|t| owners[t].load(Ordering::Acquire))
                 .filter(|&owner| owner != UNCLAIMED)
                 .collect();
-            let op = op_name.to_string();
-            if let Some(&peer) = busy.iter().find(|&&owner| guard.gone[owner].is_some()) {
-                let reason = guard.gone[peer].clone().unwrap_or_default();
-                return Err(DistError::PeerGone {
-                    rank: self.global[rank],
-                    op,
-                    peer: self.global[peer],
-                    reason,
-                });
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                let missing = busy.iter().map(|&r| self.global[r]).collect();
-                return Err(DistError::Timeout {
-                    rank: self.global[rank],
-                    op,
-                    missing,
-                    waited: self.timeout,
-                });
+            if let Some(error) = self.wait_failure(&guard.gone, rank, &busy, deadline, op_name) {
+                return Err(error);
             }
             guard = self.wait(guard, deadline);
         }

@@ -260,25 +260,35 @@ impl World {
                 }
                 (None, abandoned) => {
                     let missing: Vec<usize> = (0..self.size).filter(|&r| !slot.arrived[r]).collect();
-                    // A departed peer is the root cause: name it first.
-                    let error = if let Some(&peer) = missing.iter().find(|&&r| state.gone[r].is_some()) {
-                        let reason = state.gone[peer].clone().unwrap_or_default();
-                        DistError::PeerGone { rank: me, op: op(), peer: global[peer], reason }
-                    } else if let (Some((by, reason)), true) = (abandoned, slot.late[rank]) {
-                        // This rank came after a peer gave up: waiting cannot help.
-                        DistError::PeerGone { rank: me, op: op(), peer: global[*by], reason: reason.clone() }
-                    } else if deadline.is_some_and(|d| Instant::now() >= d) {
-                        let waited = self.timeout;
-                        // Ranks that arrive later must fail at once, not get a
-                        // result that this rank never saw.
-                        let missing: Vec<usize> = missing.iter().map(|&r| global[r]).collect();
-                        let reason =
-                            format!("gave up on this call after waiting {waited:?} for rank(s) {missing:?}");
-                        slot.abandoned.get_or_insert((rank, reason));
-                        DistError::Timeout { rank: me, op: op(), missing, waited }
-                    } else {
-                        guard = self.wait(guard, deadline);
-                        continue;
+                    let error = match (
+                        self.wait_failure(&state.gone, rank, &missing, deadline, op_name),
+                        abandoned,
+                    ) {
+                        (Some(gone @ DistError::PeerGone { .. }), _) => gone,
+                        (_, Some((by, reason))) if slot.late[rank] => {
+                            // This rank came after a peer gave up: waiting cannot help.
+                            DistError::PeerGone {
+                                rank: me,
+                                op: op(),
+                                peer: global[*by],
+                                reason: reason.clone(),
+                            }
+                        }
+                        (Some(timeout), _) => {
+                            // Ranks that arrive later must fail at once, not get
+                            // a result that this rank never saw.
+                            if let DistError::Timeout { missing, waited, .. } = &timeout {
+                                let reason = format!(
+                                    "gave up on this call after waiting {waited:?} for rank(s) {missing:?}"
+                                );
+                                slot.abandoned.get_or_insert((rank, reason));
+                            }
+                            timeout
+                        }
+                        (None, _) => {
+                            guard = self.wait(guard, deadline);
+                            continue;
+                        }
                     };
                     // This call can no longer succeed: free the inputs now.
                     slot.inputs.iter_mut().for_each(|input| *input = None);
@@ -318,6 +328,30 @@ impl World {
             SubGroup { members: members.to_vec(), world }
         });
         entry.world.clone()
+    }
+
+    /// Why group rank `rank`, waiting for the group ranks in `awaited`, must
+    /// stop now: the first of them that left (`gone`, the state's record; the
+    /// root cause, named first), else a timeout once `deadline` has passed.
+    /// `None`: keep waiting. Errors name world ranks.
+    pub(super) fn wait_failure(
+        &self,
+        gone: &[Option<String>],
+        rank: usize,
+        awaited: &[usize],
+        deadline: Option<Instant>,
+        op_name: &str,
+    ) -> Option<DistError> {
+        let (rank, op) = (self.global[rank], op_name.to_string());
+        if let Some(&peer) = awaited.iter().find(|&&r| gone[r].is_some()) {
+            let reason = gone[peer].clone().unwrap_or_default();
+            return Some(DistError::PeerGone { rank, op, peer: self.global[peer], reason });
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            let missing = awaited.iter().map(|&r| self.global[r]).collect();
+            return Some(DistError::Timeout { rank, op, missing, waited: self.timeout });
+        }
+        None
     }
 
     /// Sleeps until something changes or the deadline passes (spurious
