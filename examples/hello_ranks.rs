@@ -1,4 +1,6 @@
 //! examples/hello_ranks.rs: four ranks meet in three collectives. Run it: cargo run --example hello_ranks
+//! As processes (chapter 8): cargo build --features mpi --example hello_ranks &&
+//!     scripts/launch.sh -np 4 target/debug/examples/hello_ranks --backend mpi
 //!
 //! The smallest program on chapter 1's process-group layer. `spawn` starts
 //! the ranks, each a thread of this process, and hands each one its own
@@ -44,6 +46,19 @@ fn hello(pg: &dyn ProcessGroup) -> Result<f64, DistError> {
 
 // ANCHOR: spawn
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] | ["--backend", "in-process"] => threads(),
+        ["--backend", "mpi"] => processes(),
+        _ => {
+            eprintln!("usage: hello_ranks [--backend in-process|mpi]");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The in-process backend: `spawn` starts the ranks as threads.
+fn threads() -> ExitCode {
     // One thread per rank. Each gets a `Group` (an `Arc<dyn ProcessGroup>`);
     // `as_ref()` lends it as the `&dyn ProcessGroup` that `hello` takes.
     match spawn(WORLD_SIZE, |pg| Ok(hello(pg.as_ref())?)) {
@@ -59,3 +74,20 @@ fn main() -> ExitCode {
     }
 }
 // ANCHOR_END: spawn
+
+// ANCHOR: processes
+/// The MPI backend: the launcher started this process as one rank of the
+/// job; `run` joins it and hands `hello` this process's group.
+#[cfg(feature = "mpi")]
+fn processes() -> ExitCode {
+    let sum = ddp_workbook::dist::mpi::run(|pg| Ok(hello(pg.as_ref())?));
+    println!("rank's result: {sum}");
+    ExitCode::SUCCESS
+}
+// ANCHOR_END: processes
+
+#[cfg(not(feature = "mpi"))]
+fn processes() -> ExitCode {
+    eprintln!("this build has no MPI backend: build with `--features mpi` (see scripts/setup.sh)");
+    ExitCode::from(2)
+}

@@ -4,6 +4,9 @@
 //!
 //! Run it:   cargo run --release --example train
 //! Flags:    cargo run --release --example train -- --help
+//! As processes (MPI; `scripts/launch.sh` wraps mpirun):
+//!           cargo build --release --features mpi --example train
+//!           scripts/launch.sh -np 2 target/release/examples/train --backend mpi
 //!
 //! This file is only the command line: the flags, the progress bar and the
 //! final report. The loop itself is `ddp_workbook::train` (src/train/).
@@ -28,9 +31,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 #[derive(Parser, Debug)]
 #[command(version, allow_negative_numbers = true)]
 struct Args {
-    /// Number of ranks (threads of this process, in-process backend)
-    #[arg(long, default_value_t = TrainConfig::default().world_size)]
-    world_size: usize,
+    /// in-process: the ranks are threads of this process; mpi: this process is
+    /// one rank of a job that scripts/launch.sh (mpirun) started
+    #[arg(long, value_enum, default_value_t = Backend::InProcess)]
+    backend: Backend,
+    /// Number of ranks (in-process backend; under MPI the launcher's -np sets it)
+    /// [default: 2]
+    #[arg(long)]
+    world_size: Option<usize>,
     /// Sequences per rank per micro-batch
     #[arg(long, default_value_t = TrainConfig::default().batch_size, conflicts_with = "global_batch_size")]
     batch_size: usize,
@@ -85,7 +93,32 @@ struct Args {
 }
 // ANCHOR_END: flags
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+enum Backend {
+    InProcess,
+    Mpi,
+}
+
 impl Args {
+    /// How many ranks share this machine's cores: under MPI, the launcher's
+    /// processes on this machine (LOCAL_WORLD_SIZE).
+    fn ranks_here(&self) -> usize {
+        match (self.backend, dist::LaunchEnv::from_env()) {
+            (Backend::Mpi, Ok(Some(env))) => env.local_world_size.unwrap_or(env.world_size),
+            _ => self.world_size(),
+        }
+    }
+
+    /// The flag, or under MPI the launcher's count (`train_as_process`
+    /// takes the group's in the end; this one splits --global-batch-size).
+    fn world_size(&self) -> usize {
+        match (self.backend, dist::LaunchEnv::from_env()) {
+            (Backend::Mpi, Ok(Some(env))) => env.world_size,
+            (Backend::Mpi, _) => 1, // started without a launcher: a world of one
+            _ => self.world_size.unwrap_or(TrainConfig::default().world_size),
+        }
+    }
+
     /// The library's settings from the flags; a global batch that does not
     /// split evenly is refused here with chapter 4's message.
     fn config(&self) -> anyhow::Result<TrainConfig> {
@@ -98,12 +131,12 @@ impl Args {
                 };
                 let (global, steps) =
                     (as_i64("--global-batch-size", global)?, as_i64("--accum-steps", self.accum_steps)?);
-                micro_batch_size(global, self.world_size, steps)? as usize
+                micro_batch_size(global, self.world_size(), steps)? as usize
             }
             None => self.batch_size,
         };
         Ok(TrainConfig {
-            world_size: self.world_size,
+            world_size: self.world_size(),
             batch_size,
             accum_steps: self.accum_steps,
             bucket_cap_mb: self.bucket_cap_mb,
@@ -118,7 +151,9 @@ impl Args {
             checkpoint_every: self.checkpoint_every,
             resume: self.resume,
             stop_after: self.stop_after,
-            threads_per_rank: Some(self.threads.unwrap_or_else(|| default_threads_per_rank(self.world_size))),
+            threads_per_rank: Some(
+                self.threads.unwrap_or_else(|| default_threads_per_rank(self.ranks_here())),
+            ),
             ..TrainConfig::default()
         })
     }
@@ -166,6 +201,10 @@ fn main() -> ExitCode {
         eprintln!("{} panicked: {}", thread.name().unwrap_or("a thread"), dist::panic_in_words(message));
     }));
     let args = Args::parse();
+    if args.backend == Backend::Mpi && args.world_size.is_some() {
+        eprintln!("error: under MPI the launcher sets the number of ranks: drop --world-size and pass -np N to scripts/launch.sh");
+        return ExitCode::from(2);
+    }
     let config = match args.config() {
         Ok(config) => config,
         Err(error) => {
@@ -179,6 +218,9 @@ fn main() -> ExitCode {
             .unwrap(),
     );
     let started = Instant::now();
+    if args.backend == Backend::Mpi {
+        return as_process(&config, &bar, started, args.target_accuracy);
+    }
     let outcomes = train::train(&config, &|event| report(&bar, event));
     bar.finish_and_clear();
     match outcomes {
@@ -190,6 +232,30 @@ fn main() -> ExitCode {
     }
 }
 
+// ANCHOR: as_process
+/// This process is one rank of an MPI job: `run` joins it (and ends the
+/// whole job, naming this rank, if the run fails); rank 0 reports.
+#[cfg(feature = "mpi")]
+fn as_process(config: &TrainConfig, bar: &ProgressBar, started: Instant, target: f64) -> ExitCode {
+    let (rank, world_size, outcome) = dist::mpi::run(|pg| {
+        let outcome = train::train_as_process(pg.clone(), config, &|event| report(bar, event))?;
+        Ok((pg.rank(), pg.world_size(), outcome))
+    });
+    bar.finish_and_clear();
+    if rank != 0 {
+        return ExitCode::SUCCESS; // rank 0 speaks for the job
+    }
+    let config = TrainConfig { world_size, ..config.clone() };
+    summarise(&config, &[outcome], started.elapsed().as_secs_f64(), target)
+}
+// ANCHOR_END: as_process
+
+#[cfg(not(feature = "mpi"))]
+fn as_process(_: &TrainConfig, _: &ProgressBar, _: Instant, _: f64) -> ExitCode {
+    eprintln!("error: this build has no MPI backend: build with `--features mpi` (scripts/setup.sh installs Open MPI)");
+    ExitCode::from(2)
+}
+
 // ANCHOR: summary
 /// The final lines: speed, communication share, and the verdict.
 fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f64, target: f64) -> ExitCode {
@@ -198,14 +264,16 @@ fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f64, 
         .iter()
         .map(|o| format!("{:.1}%", 100.0 * o.sync_time.as_secs_f64() / o.train_time.as_secs_f64().max(1e-9)))
         .collect();
+    // Under MPI this process knows its own share only: rank 0's.
+    let ranks = if outcomes.len() > 1 { format!("ranks 0..{}", outcomes.len()) } else { "rank 0".into() };
     println!(
-        "{} steps in {wall_seconds:.1} s ({:.1} s in training steps): {:.0} tokens/s; gradient sync took {} \
-         of the step time (ranks 0..{})",
+        "{} steps in {wall_seconds:.1} s ({:.1} s in training steps) on {} rank(s): {:.0} tokens/s; gradient \
+         sync took {} of the step time ({ranks})",
         rank0.losses.len(),
         rank0.train_time.as_secs_f64(),
+        config.world_size,
         rank0.tokens_per_second,
         sync_shares.join(", "),
-        config.world_size
     );
     let eval = rank0.evaluation.expect("rank 0 evaluates");
     if rank0.last_step < config.steps {

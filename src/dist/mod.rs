@@ -19,7 +19,10 @@
 
 mod call;
 mod error;
+mod launch;
 mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod p2p;
 mod spawn;
 mod split_reduce;
@@ -32,6 +35,7 @@ use std::time::Duration;
 use tch::Tensor;
 
 pub use error::{cause_in_words, panic_in_words, torch_error, DistError};
+pub use launch::{LaunchEnv, Launcher};
 pub use local::LocalProcessGroup;
 pub use spawn::{
     parse_timeout_secs, spawn, spawn_with, timeout_from_env, RankFailure, SpawnError, SpawnOptions,

@@ -278,6 +278,19 @@ pub fn train(config: &TrainConfig, on_event: &(dyn Fn(Event) + Sync)) -> anyhow:
 }
 // ANCHOR_END: train
 
+/// One rank's run as a process of a launched job (the MPI backend): the
+/// world size is the group's, whatever `config` says. Returns this rank's
+/// outcome; rank 0 alone reports events and writes checkpoints.
+pub fn train_as_process(
+    pg: crate::dist::Group,
+    config: &TrainConfig,
+    on_event: &(dyn Fn(Event) + Sync),
+) -> anyhow::Result<RankOutcome> {
+    let config = TrainConfig { world_size: pg.world_size(), ..config.clone() };
+    config.validate()?; // the same on every rank, so every rank refuses alike
+    train_rank(pg, &config, on_event)
+}
+
 /// A spawn failure as an error whose first line is the first rank's cause.
 /// Running out of memory gets its own advice: what to lower.
 fn explain(error: SpawnError) -> anyhow::Error {

@@ -1,0 +1,407 @@
+//! src/dist/mpi/engine.rs: the communication thread. Every MPI call of this
+//! process is made here, as gloo and NCCL keep a thread of their own: the
+//! caller hands over a job and waits on its `Done` (or, for an asynchronous
+//! all-reduce, goes on computing while this thread drives MPI's progress).
+//! Try it: `cargo test --features mpi --test mpi`.
+//!
+//! The rules it keeps:
+//! - collectives of one communicator are posted in call order, one after
+//!   the other has been posted (MPI requires the same order on every rank);
+//! - in debug mode each collective first exchanges a signature (its
+//!   operation, dtype, shape, root, tag) with every peer, and ranks that
+//!   disagree all get the same `Mismatch` before any data moves;
+//! - every call has a deadline. MPI cannot cancel a collective, so a missed
+//!   deadline breaks the communicator: the call fails naming the ranks that
+//!   never arrived, every later call fails with `Broken`, and the job must
+//!   end (`super::run` aborts it).
+
+use std::collections::VecDeque;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::ffi::{self, Comm};
+use super::job::{Action, Active, Done, Job, Reply};
+use crate::dist::DistError;
+
+/// What callers send to the communication thread.
+pub(crate) enum Command {
+    Run(Job),
+    /// Finish what is in flight (within the deadline), then stop.
+    Shutdown(Arc<Done>),
+}
+
+/// One communicator: the world's duplicate, or a sub-group's.
+struct CommState {
+    raw: Comm,
+    rank: usize,
+    /// World rank of each member: errors name world ranks.
+    global: Vec<usize>,
+    /// Collectives not yet posted; only the front one may exchange signatures.
+    queue: VecDeque<Active>,
+    /// Posted collectives and point-to-point calls, until they complete.
+    running: Vec<Active>,
+}
+
+pub(crate) struct Engine {
+    comms: Vec<CommState>,
+    timeout: Duration,
+    world_rank: usize,
+    /// The error that broke the communicators, once one has.
+    broken: Option<String>,
+    /// Jobs of a broken engine: never freed, since MPI may still write into
+    /// their buffers until the job is aborted.
+    kept: Vec<Active>,
+}
+
+impl Engine {
+    /// The engine of a fresh world communicator (`comm`, this process's
+    /// `rank` of `size`).
+    pub fn new(comm: Comm, rank: usize, size: usize, timeout: Duration) -> Self {
+        let world = CommState {
+            raw: comm,
+            rank,
+            global: (0..size).collect(),
+            queue: VecDeque::new(),
+            running: vec![],
+        };
+        Engine { comms: vec![world], timeout, world_rank: rank, broken: None, kept: vec![] }
+    }
+
+    fn busy(&self) -> bool {
+        self.comms.iter().any(|c| !c.queue.is_empty() || !c.running.is_empty())
+    }
+
+    /// The thread's loop: take jobs, drive MPI, hand out results.
+    pub fn run(mut self, commands: Receiver<Command>) {
+        let mut idle_rounds = 0u32;
+        let mut shutdown: Option<(Arc<Done>, Instant)> = None;
+        loop {
+            let command = if self.busy() || shutdown.is_some() {
+                commands.try_recv().ok()
+            } else {
+                match commands.recv() {
+                    Ok(command) => Some(command),
+                    Err(_) => return, // every handle is gone
+                }
+            };
+            match command {
+                Some(Command::Run(job)) => self.accept(job),
+                Some(Command::Shutdown(done)) => shutdown = Some((done, Instant::now() + self.timeout)),
+                None => {}
+            }
+            if let Some((done, deadline)) = &shutdown {
+                if !self.busy() || Instant::now() >= *deadline || self.broken.is_some() {
+                    done.set(self.shutdown_result());
+                    return;
+                }
+            }
+            if self.advance() {
+                idle_rounds = 0;
+            } else {
+                idle_rounds = idle_rounds.saturating_add(1);
+                pause(idle_rounds);
+            }
+        }
+    }
+
+    fn accept(&mut self, job: Job) {
+        if let Some(cause) = &self.broken {
+            let (rank, op, cause) = (self.world_rank, job.name.clone(), cause.clone());
+            return job.done.set(Err(DistError::Broken { rank, op, cause }));
+        }
+        let mut active = Active::new(job, self.timeout);
+        if let Action::Send { .. } = active.job.action {
+            // Sends are buffered, as in the in-process backend: one may wait
+            // for its receive as long as the program likes (shutdown checks).
+            active.deadline = Instant::now() + Duration::from_secs(10 * 365 * 24 * 3600);
+        }
+        let comm = &mut self.comms[active.job.comm];
+        let posted = match active.job.action {
+            Action::Send { dst, .. } => send_side(&mut active, dst, comm.raw),
+            Action::Recv { src, .. } => receive_side(&mut active, src, comm.raw),
+            _ => return comm.queue.push_back(active),
+        };
+        match posted {
+            Ok(()) => comm.running.push(active),
+            Err(message) => self.fail(active, message),
+        }
+    }
+
+    /// One round over every communicator; true if anything moved.
+    fn advance(&mut self) -> bool {
+        let mut moved = false;
+        for c in 0..self.comms.len() {
+            loop {
+                match self.advance_front(c) {
+                    Ok(true) => moved = true,
+                    Ok(false) => break,
+                    Err((active, message)) => {
+                        self.fail(*active, message);
+                        return true;
+                    }
+                }
+            }
+            let mut i = 0;
+            while i < self.comms[c].running.len() {
+                match self.comms[c].running[i].finished() {
+                    Ok(true) => {
+                        let active = self.comms[c].running.swap_remove(i);
+                        self.complete(c, active);
+                        moved = true;
+                    }
+                    Ok(false) if Instant::now() >= self.comms[c].running[i].deadline => {
+                        let active = self.comms[c].running.swap_remove(i);
+                        return self.time_out(c, active);
+                    }
+                    Ok(false) => i += 1,
+                    Err(message) => {
+                        let active = self.comms[c].running.swap_remove(i);
+                        self.fail(active, message);
+                        return true;
+                    }
+                }
+            }
+        }
+        moved
+    }
+
+    /// Moves the front collective of communicator `c` one phase on: start
+    /// its signature exchange, or, once every signature has arrived, check
+    /// them and post the transfer. True if it moved.
+    fn advance_front(&mut self, c: usize) -> Result<bool, (Box<Active>, String)> {
+        let comm = &mut self.comms[c];
+        let Some(front) = comm.queue.front_mut() else { return Ok(false) };
+        let peers: Vec<usize> = (0..comm.global.len()).filter(|&p| p != comm.rank).collect();
+        let wants_signature = front.job.signature.is_some() && !peers.is_empty();
+        if wants_signature && front.peer_signatures.is_empty() {
+            let started = peers.iter().try_for_each(|&p| {
+                front.send_signature(p, ffi::TAG_COLLECTIVE_SIGNATURE, comm.raw)?;
+                front.receive_signature(p, ffi::TAG_COLLECTIVE_SIGNATURE, comm.raw)
+            });
+            return started.map(|()| true).map_err(|m| (Box::new(comm.queue.pop_front().expect("front")), m));
+        }
+        if wants_signature {
+            match front.signatures_arrived() {
+                Ok(true) => {}
+                Ok(false) if Instant::now() >= front.deadline => {
+                    let active = comm.queue.pop_front().expect("front");
+                    self.time_out(c, active);
+                    return Ok(false);
+                }
+                Ok(false) => return Ok(false),
+                Err(message) => return Err((Box::new(comm.queue.pop_front().expect("front")), message)),
+            }
+        }
+        let (mut active, raw) = (comm.queue.pop_front().expect("front"), comm.raw);
+        if let Some(detail) = disagreement(&active, comm) {
+            let (rank, op) = (self.world_rank, active.job.name.clone());
+            self.finish_later(c, active, Err(DistError::Mismatch { rank, op, detail }));
+            return Ok(true);
+        }
+        if let Action::NewGroup { ranks } = &active.job.action {
+            let ranks = ranks.clone();
+            return match self.split(c, &active.job.name, &ranks) {
+                Ok(reply) => {
+                    self.finish_later(c, active, reply);
+                    Ok(true)
+                }
+                Err(message) => Err((Box::new(active), message)),
+            };
+        }
+        match active.post(raw) {
+            Ok(()) => {
+                self.comms[c].running.push(active);
+                Ok(true)
+            }
+            Err(message) => Err((Box::new(active), message)),
+        }
+    }
+
+    /// Ends `active` with `result` once its requests (signature sends) have completed.
+    fn finish_later(&mut self, c: usize, mut active: Active, result: Result<Reply, DistError>) {
+        active.preset = Some(result);
+        self.comms[c].running.push(active);
+    }
+
+    /// Hands a finished job its result.
+    fn complete(&mut self, c: usize, mut active: Active) {
+        let result = match active.preset.take() {
+            Some(result) => result,
+            None => self.received_as_expected(c, &active).map(|()| Reply::Done),
+        };
+        active.job.done.set(result);
+    }
+
+    /// A receive got what it expected: the sender's dtype and shape, and
+    /// as many bytes as the tensor holds.
+    fn received_as_expected(&self, c: usize, active: &Active) -> Result<(), DistError> {
+        let Action::Recv { into, src } = &active.job.action else { return Ok(()) };
+        let mismatch =
+            |detail| DistError::Mismatch { rank: self.world_rank, op: active.job.name.clone(), detail };
+        let src = self.comms[c].global[*src];
+        let mine = String::from_utf8_lossy(&active.own_signature).into_owned();
+        if let Some((_, theirs)) = active.first_difference(&active.own_signature) {
+            let me = self.world_rank;
+            return Err(mismatch(format!("rank {src} sent {theirs} but rank {me} receives into {mine}")));
+        }
+        match active.received {
+            Some(bytes) if bytes != super::job::byte_len(into) => Err(mismatch(format!(
+                "rank {src} sent {bytes} bytes but {mine} takes {}",
+                super::job::byte_len(into)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// new_group, once every rank agreed on the list: check it (every rank
+    /// reaches the same verdict), then split the communicator.
+    fn split(&mut self, c: usize, name: &str, ranks: &[usize]) -> Result<Result<Reply, DistError>, String> {
+        let comm = &self.comms[c];
+        let size = comm.global.len();
+        let mut seen = std::collections::HashSet::new();
+        let problem = if ranks.is_empty() {
+            Some("the list of ranks is empty".to_string())
+        } else if let Some(bad) = ranks.iter().find(|&&r| r >= size) {
+            Some(format!("rank {bad} is not a rank of a group of {size}"))
+        } else {
+            ranks.iter().find(|&&r| !seen.insert(r)).map(|dup| format!("rank {dup} is listed twice"))
+        };
+        if let Some(problem) = problem {
+            let detail = format!("{problem}; pass distinct ranks in 0..{size}");
+            return Ok(Err(DistError::Invalid { rank: self.world_rank, op: name.to_string(), detail }));
+        }
+        let position = ranks.iter().position(|&r| r == comm.rank);
+        let global: Vec<usize> = ranks.iter().map(|&r| comm.global[r]).collect();
+        let Some(raw) = ffi::split(comm.raw, position)? else { return Ok(Ok(Reply::Group(None))) };
+        let rank = position.expect("a member gets a communicator");
+        let fresh = CommState { raw, rank, global: global.clone(), queue: VecDeque::new(), running: vec![] };
+        self.comms.push(fresh);
+        Ok(Ok(Reply::Group(Some((self.comms.len() - 1, rank, global)))))
+    }
+
+    /// A deadline passed: the call fails naming the ranks it waited for,
+    /// and the communicators break (MPI cannot take the call back).
+    fn time_out(&mut self, c: usize, active: Active) -> bool {
+        let comm = &self.comms[c];
+        let mut missing: Vec<usize> = match &active.job.action {
+            Action::Recv { src, .. } => vec![*src],
+            Action::Send { dst, .. } => vec![*dst],
+            _ if !active.peer_signatures.is_empty() && !active.silent_peers().is_empty() => {
+                active.silent_peers()
+            }
+            // Everyone arrived (or debug mode is off): the transfer itself stalled.
+            _ => (0..comm.global.len()).filter(|&r| r != comm.rank).collect(),
+        };
+        missing.iter_mut().for_each(|r| *r = comm.global[*r]);
+        let (rank, op, waited) = (self.world_rank, active.job.name.clone(), self.timeout);
+        let error = DistError::Timeout { rank, op, missing, waited };
+        let cause = error.to_string();
+        self.break_all(active, error, cause);
+        true
+    }
+
+    /// An MPI call failed. A receive whose sender's signature differs ends
+    /// as a mismatch (the message was consumed, MPI is fine); anything else
+    /// breaks the communicators.
+    fn fail(&mut self, active: Active, message: String) {
+        if let Action::Recv { .. } = active.job.action {
+            if active.first_difference(&active.own_signature).is_some() {
+                let c = active.job.comm;
+                return self.complete(c, active);
+            }
+        }
+        let (rank, op) = (self.world_rank, active.job.name.clone());
+        let error = DistError::Broken { rank, op, cause: message.clone() };
+        self.break_all(active, error, message);
+    }
+
+    fn break_all(&mut self, active: Active, error: DistError, cause: String) {
+        active.job.done.set(Err(error));
+        self.kept.push(active);
+        self.broken = Some(cause.clone());
+        let rank = self.world_rank;
+        for comm in &mut self.comms {
+            for other in comm.queue.drain(..).chain(comm.running.drain(..)) {
+                let op = other.job.name.clone();
+                other.job.done.set(Err(DistError::Broken { rank, op, cause: cause.clone() }));
+                self.kept.push(other);
+            }
+        }
+    }
+
+    /// How the engine ends: cleanly, or naming what never finished.
+    fn shutdown_result(&self) -> Result<Reply, DistError> {
+        let (rank, op) = (self.world_rank, "finishing the MPI group".to_string());
+        if let Some(cause) = &self.broken {
+            return Err(DistError::Broken { rank, op, cause: cause.clone() });
+        }
+        let pending: Vec<&str> = self
+            .comms
+            .iter()
+            .flat_map(|c| c.queue.iter().chain(&c.running))
+            .map(|a| a.job.name.as_str())
+            .collect();
+        if pending.is_empty() {
+            return Ok(Reply::Done);
+        }
+        let cause = format!(
+            "still in flight after {:?}: {} (never matched by a peer?)",
+            self.timeout,
+            pending.join("; ")
+        );
+        Err(DistError::Broken { rank, op, cause })
+    }
+}
+
+/// The sender's side of a point-to-point call: the signature (dtype and
+/// shape), then the data.
+fn send_side(active: &mut Active, dst: usize, comm: Comm) -> Result<(), String> {
+    active.send_signature(dst, ffi::TAG_P2P_SIGNATURE, comm)?;
+    active.post(comm)
+}
+
+/// The receiver's side: the sender's signature, then the data.
+fn receive_side(active: &mut Active, src: usize, comm: Comm) -> Result<(), String> {
+    active.receive_signature(src, ffi::TAG_P2P_SIGNATURE, comm)?;
+    active.post(comm)
+}
+
+/// Why the ranks' signatures differ, in words, or `None` when they agree.
+/// Every rank compares all signatures against group rank 0's, so every
+/// rank names the same two calls.
+fn disagreement(active: &Active, comm: &CommState) -> Option<String> {
+    active.job.signature.as_ref()?;
+    let own = (comm.rank, active.own_signature.clone());
+    let mut all: Vec<(usize, Vec<u8>)> =
+        active.peer_signatures.iter().map(|(p, bytes, _)| (*p, bytes.clone())).collect();
+    all.push(own);
+    all.sort_by_key(|(rank, _)| *rank);
+    let (first_rank, first) = &all[0];
+    let (other, theirs) = all.iter().find(|(_, bytes)| bytes != first)?;
+    let words = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let call = active
+        .job
+        .name
+        .split(" (call #")
+        .nth(1)
+        .map(|rest| format!(" as collective call #{}", rest.trim_end_matches(')')));
+    Some(format!(
+        "rank {} called {} but rank {} called {}{}",
+        comm.global[*first_rank],
+        words(first),
+        comm.global[*other],
+        words(theirs),
+        call.unwrap_or_default()
+    ))
+}
+
+/// Backs off while nothing moves: spin briefly, then yield the core, then
+/// sleep, so a waiting rank does not steal the CPU its peers compute on.
+fn pause(idle_rounds: u32) {
+    match idle_rounds {
+        0..=64 => std::hint::spin_loop(),
+        65..=2048 => std::thread::yield_now(),
+        _ => std::thread::sleep(Duration::from_micros(50)),
+    }
+}

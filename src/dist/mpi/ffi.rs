@@ -1,0 +1,267 @@
+//! src/dist/mpi/ffi.rs: every raw MPI call the backend makes, in one place.
+//! Each wrapper turns MPI's error code into a message; the communication
+//! thread (`engine.rs`) is their only caller. Try the backend with
+//! `cargo test --features mpi --test mpi`.
+//!
+//! Only non-blocking collectives are used (MPI_Ibcast, MPI_Iallreduce, ...):
+//! a blocking MPI call cannot be given a deadline, a non-blocking one can be
+//! tested until it completes or its deadline passes.
+
+use std::ffi::{c_int, c_void};
+
+use mpi::ffi as sys;
+use tch::{Kind, Tensor};
+
+use crate::dist::ReduceOp;
+
+pub(crate) use sys::{MPI_Comm as Comm, MPI_Request as Request};
+
+extern "C" {
+    /// In `in_place.c`: MPI_IN_PLACE, whose value depends on the MPI library.
+    fn ddp_mpi_in_place() -> *mut c_void;
+}
+
+/// Message tags of the backend's own point-to-point traffic (collectives
+/// never match point-to-point messages, whatever their tag).
+pub(crate) const TAG_COLLECTIVE_SIGNATURE: c_int = 1;
+pub(crate) const TAG_P2P_SIGNATURE: c_int = 2;
+pub(crate) const TAG_P2P_DATA: c_int = 3;
+
+/// MPI's description of error code `code`.
+fn error_text(code: c_int) -> String {
+    let mut text = vec![0u8; 512]; // more than MPI_MAX_ERROR_STRING
+    let mut len: c_int = 0;
+    // SAFETY: the buffer is larger than the longest message MPI writes.
+    unsafe { sys::MPI_Error_string(code, text.as_mut_ptr().cast(), &mut len) };
+    String::from_utf8_lossy(&text[..len.clamp(0, 512) as usize]).into_owned()
+}
+
+fn check(code: c_int, what: &str) -> Result<(), String> {
+    match code {
+        0 => Ok(()), // MPI_SUCCESS
+        code => Err(format!("{what} failed: {}", error_text(code))),
+    }
+}
+
+/// MPI's datatype for elements of `kind`. Half and BFloat16 travel as
+/// 16-bit words: they can be moved, but MPI cannot add them.
+pub(crate) fn datatype(kind: Kind) -> Option<sys::MPI_Datatype> {
+    // SAFETY: reading the constants that mpi-sys exports.
+    unsafe {
+        Some(match kind {
+            Kind::Float => sys::RSMPI_FLOAT,
+            Kind::Double => sys::RSMPI_DOUBLE,
+            Kind::Int8 => sys::RSMPI_INT8_T,
+            Kind::Uint8 => sys::RSMPI_UINT8_T,
+            Kind::Int16 => sys::RSMPI_INT16_T,
+            Kind::Int => sys::RSMPI_INT32_T,
+            Kind::Int64 => sys::RSMPI_INT64_T,
+            Kind::Bool => sys::RSMPI_C_BOOL,
+            Kind::Half | Kind::BFloat16 => sys::RSMPI_UINT16_T,
+            _ => return None,
+        })
+    }
+}
+
+/// MPI's reduction for `op` on `kind`. AVG has no MPI operation: it is
+/// summed here and divided by the world size afterwards. On booleans, as in
+/// libtorch, a sum is a logical or and a product a logical and.
+pub(crate) fn reduction(kind: Kind, op: ReduceOp) -> Result<sys::MPI_Op, String> {
+    if matches!(kind, Kind::Half | Kind::BFloat16) {
+        return Err(format!(
+            "MPI cannot reduce {kind:?} tensors; reduce them as Float (`.to_kind(Kind::Float)`)"
+        ));
+    }
+    // SAFETY: reading the constants that mpi-sys exports.
+    Ok(unsafe {
+        match (kind == Kind::Bool, op) {
+            (false, ReduceOp::Sum | ReduceOp::Avg) => sys::RSMPI_SUM,
+            (false, ReduceOp::Product) => sys::RSMPI_PROD,
+            (false, ReduceOp::Min) => sys::RSMPI_MIN,
+            (false, ReduceOp::Max) => sys::RSMPI_MAX,
+            (true, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg) => sys::RSMPI_LOR,
+            (true, ReduceOp::Product | ReduceOp::Min) => sys::RSMPI_LAND,
+        }
+    })
+}
+
+/// Where a contiguous CPU tensor's elements start, and how many there are.
+/// MPI counts in `int`: larger tensors must be split by the caller.
+pub(crate) fn buffer(tensor: &Tensor) -> Result<(*mut c_void, c_int), String> {
+    let count = c_int::try_from(tensor.numel())
+        .map_err(|_| format!("{} elements is more than one MPI call can carry (2^31 - 1)", tensor.numel()))?;
+    Ok((tensor.data_ptr(), count))
+}
+
+/// Starts one non-blocking MPI call through `start`, which receives the
+/// address of the request to fill in.
+fn start(what: &str, start: impl FnOnce(*mut Request) -> c_int) -> Result<Request, String> {
+    // SAFETY: MPI_REQUEST_NULL is a plain constant; `start` overwrites it.
+    let mut request = unsafe { sys::RSMPI_REQUEST_NULL };
+    check(start(&mut request), what)?;
+    Ok(request)
+}
+
+// SAFETY (all the i* functions below): the caller keeps every buffer alive
+// and untouched until the returned request has completed; `engine.rs` does
+// so by holding the tensors in the job until then.
+
+pub(crate) unsafe fn ibcast(
+    t: &Tensor,
+    dt: sys::MPI_Datatype,
+    root: usize,
+    comm: Comm,
+) -> Result<Request, String> {
+    let (ptr, count) = buffer(t)?;
+    start("MPI_Ibcast", |r| sys::MPI_Ibcast(ptr, count, dt, root as c_int, comm, r))
+}
+
+pub(crate) unsafe fn iallreduce(
+    t: &Tensor,
+    dt: sys::MPI_Datatype,
+    op: sys::MPI_Op,
+    comm: Comm,
+) -> Result<Request, String> {
+    let (ptr, count) = buffer(t)?;
+    start("MPI_Iallreduce", |r| sys::MPI_Iallreduce(ddp_mpi_in_place(), ptr, count, dt, op, comm, r))
+}
+
+pub(crate) unsafe fn iallgather(
+    input: &Tensor,
+    output: &Tensor,
+    dt: sys::MPI_Datatype,
+    comm: Comm,
+) -> Result<Request, String> {
+    let ((send, count), (recv, _)) = (buffer(input)?, buffer(output)?);
+    start("MPI_Iallgather", |r| sys::MPI_Iallgather(send, count, dt, recv, count, dt, comm, r))
+}
+
+pub(crate) unsafe fn ireduce_scatter(
+    input: &Tensor,
+    output: &Tensor,
+    dt: sys::MPI_Datatype,
+    op: sys::MPI_Op,
+    comm: Comm,
+) -> Result<Request, String> {
+    let ((send, _), (recv, count)) = (buffer(input)?, buffer(output)?);
+    start("MPI_Ireduce_scatter_block", |r| sys::MPI_Ireduce_scatter_block(send, recv, count, dt, op, comm, r))
+}
+
+pub(crate) unsafe fn ibarrier(comm: Comm) -> Result<Request, String> {
+    start("MPI_Ibarrier", |r| sys::MPI_Ibarrier(comm, r))
+}
+
+/// Sends `len` bytes at `ptr` to `peer` with `tag`.
+pub(crate) unsafe fn isend(
+    ptr: *const c_void,
+    len: usize,
+    peer: usize,
+    tag: c_int,
+    comm: Comm,
+) -> Result<Request, String> {
+    let len =
+        c_int::try_from(len).map_err(|_| format!("{len} bytes is more than one MPI message can carry"))?;
+    start("MPI_Isend", |r| sys::MPI_Isend(ptr, len, sys::RSMPI_UINT8_T, peer as c_int, tag, comm, r))
+}
+
+/// Receives at most `len` bytes from `peer` with `tag` into `ptr`.
+pub(crate) unsafe fn irecv(
+    ptr: *mut c_void,
+    len: usize,
+    peer: usize,
+    tag: c_int,
+    comm: Comm,
+) -> Result<Request, String> {
+    let len =
+        c_int::try_from(len).map_err(|_| format!("{len} bytes is more than one MPI message can carry"))?;
+    start("MPI_Irecv", |r| sys::MPI_Irecv(ptr, len, sys::RSMPI_UINT8_T, peer as c_int, tag, comm, r))
+}
+
+/// Whether a request has completed (and been tested) or was never made.
+pub(crate) fn is_null(request: &Request) -> bool {
+    // SAFETY: reading a constant that mpi-sys exports.
+    *request == unsafe { sys::RSMPI_REQUEST_NULL }
+}
+
+/// Tests a request: `Ok(None)` while it runs, then `Ok(Some(bytes))` once
+/// (the bytes received, for receives; the request becomes null). A request
+/// that is already null has completed before: `Some(0)`.
+pub(crate) fn test(request: &mut Request) -> Result<Option<usize>, String> {
+    // SAFETY: a zeroed status is a valid out-parameter; the request is one
+    // that MPI gave us (or null, which MPI_Test accepts).
+    unsafe {
+        if *request == sys::RSMPI_REQUEST_NULL {
+            return Ok(Some(0));
+        }
+        let (mut flag, mut status): (c_int, sys::MPI_Status) = (0, std::mem::zeroed());
+        check(sys::MPI_Test(request, &mut flag, &mut status), "MPI_Test")?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        check(status.MPI_ERROR, "the transfer")?;
+        let mut count: c_int = 0;
+        check(sys::MPI_Get_count(&status, sys::RSMPI_UINT8_T, &mut count), "MPI_Get_count")?;
+        Ok(Some(count.max(0) as usize))
+    }
+}
+
+/// MPI_COMM_WORLD, duplicated so that the backend's traffic never meets
+/// another library's, with errors returned instead of killing the process.
+pub(crate) fn world() -> Result<Comm, String> {
+    // SAFETY: plain MPI calls on the world communicator after MPI_Init.
+    unsafe {
+        let mut comm = sys::RSMPI_COMM_NULL;
+        check(sys::MPI_Comm_dup(sys::RSMPI_COMM_WORLD, &mut comm), "MPI_Comm_dup")?;
+        check(sys::MPI_Comm_set_errhandler(comm, sys::RSMPI_ERRORS_RETURN), "MPI_Comm_set_errhandler")?;
+        Ok(comm)
+    }
+}
+
+/// This process's rank in `comm`, and the size of `comm`.
+pub(crate) fn rank_and_size(comm: Comm) -> Result<(usize, usize), String> {
+    let (mut rank, mut size): (c_int, c_int) = (0, 0);
+    // SAFETY: plain queries on a valid communicator.
+    unsafe {
+        check(sys::MPI_Comm_rank(comm, &mut rank), "MPI_Comm_rank")?;
+        check(sys::MPI_Comm_size(comm, &mut size), "MPI_Comm_size")?;
+    }
+    Ok((rank as usize, size as usize))
+}
+
+/// This process's rank among the processes of `comm` on the same machine,
+/// and how many there are: torch.distributed's LOCAL_RANK and
+/// LOCAL_WORLD_SIZE.
+pub(crate) fn local_rank_and_size(comm: Comm) -> Result<(usize, usize), String> {
+    // SAFETY: a collective split of a valid communicator; freed below.
+    unsafe {
+        let mut node = sys::RSMPI_COMM_NULL;
+        let info = sys::RSMPI_INFO_NULL;
+        check(
+            sys::MPI_Comm_split_type(comm, sys::RSMPI_COMM_TYPE_SHARED, 0, info, &mut node),
+            "MPI_Comm_split_type",
+        )?;
+        let result = rank_and_size(node);
+        sys::MPI_Comm_free(&mut node);
+        result
+    }
+}
+
+/// Splits `comm`: processes passing `Some(key)` get a new communicator in
+/// which they are ordered by key; those passing `None` get `None`.
+pub(crate) fn split(comm: Comm, key: Option<usize>) -> Result<Option<Comm>, String> {
+    // SAFETY: a collective on a valid communicator that every member of
+    // `comm` joins (the engine agrees on it first).
+    unsafe {
+        let color = if key.is_some() { 0 } else { sys::RSMPI_UNDEFINED };
+        let mut new = sys::RSMPI_COMM_NULL;
+        check(sys::MPI_Comm_split(comm, color, key.unwrap_or(0) as c_int, &mut new), "MPI_Comm_split")?;
+        Ok((new != sys::RSMPI_COMM_NULL).then_some(new))
+    }
+}
+
+/// Ends every process of the job (mpirun then exits with `code`).
+pub(crate) fn abort(code: i32) -> ! {
+    // SAFETY: MPI_Abort may be called from any thread at any time.
+    unsafe { sys::MPI_Abort(sys::RSMPI_COMM_WORLD, code) };
+    std::process::exit(code) // MPI_Abort does not return; this is for the type checker
+}

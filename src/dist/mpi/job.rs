@@ -1,0 +1,218 @@
+//! src/dist/mpi/job.rs: one call of the MPI backend as the communication
+//! thread carries it: what was asked (`Action`), the MPI requests in flight
+//! for it, and the `Done` slot where the caller finds the result. Try it:
+//! `cargo test --features mpi --test mpi`.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tch::Tensor;
+
+use super::ffi::{self, Comm, Request};
+use crate::dist::{DistError, ReduceOp};
+
+/// The longest signature exchanged; longer ones are cut (their start still
+/// names the operation, dtype and shape).
+pub(crate) const SIGNATURE_BYTES: usize = 1024;
+
+/// What a call asks for. Every tensor is a contiguous CPU tensor that the
+/// job owns (a shallow clone of the caller's, or a copy) until it ends.
+pub(crate) enum Action {
+    Broadcast { buf: Tensor, root: usize },
+    AllReduce { buf: Tensor, op: ReduceOp },
+    AllGather { input: Tensor, output: Tensor },
+    ReduceScatter { input: Tensor, output: Tensor, op: ReduceOp },
+    Barrier,
+    NewGroup { ranks: Vec<usize> },
+    Send { data: Tensor, dst: usize },
+    Recv { into: Tensor, src: usize },
+}
+
+/// A call handed to the communication thread.
+pub(crate) struct Job {
+    /// Which communicator (an index into the engine's list).
+    pub comm: usize,
+    pub action: Action,
+    /// The call in words, for errors: "all_reduce(sum) of Float[4] (call #3)".
+    pub name: String,
+    /// What every peer's call must equal (debug mode, and always for
+    /// new_group and point-to-point shapes); `None` skips the exchange.
+    pub signature: Option<String>,
+    pub done: Arc<Done>,
+}
+
+/// What a finished call gives back.
+pub(crate) enum Reply {
+    Done,
+    /// new_group: for members, the new communicator's index, this
+    /// process's rank in it and its members' world ranks.
+    Group(Option<(usize, usize, Vec<usize>)>),
+}
+
+/// Where the communication thread leaves a call's result for its caller.
+#[derive(Default)]
+pub(crate) struct Done {
+    result: Mutex<Option<Result<Reply, DistError>>>,
+    ready: Condvar,
+}
+
+impl Done {
+    pub fn set(&self, result: Result<Reply, DistError>) {
+        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+        self.ready.notify_all();
+    }
+
+    /// Waits for the result. The engine enforces the call's deadline; the
+    /// `backstop` only guards against a communication thread that died.
+    pub fn wait(&self, backstop: Duration, rank: usize, op: &str) -> Result<Reply, DistError> {
+        let deadline = Instant::now() + backstop;
+        let mut result = self.result.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(result) = result.take() {
+                return result;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let cause = "the MPI communication thread stopped answering".to_string();
+                return Err(DistError::Broken { rank, op: op.to_string(), cause });
+            }
+            result = self.ready.wait_timeout(result, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// A job on the communication thread, with its requests in flight. Buffers
+/// live here until every request that reads or writes them has completed.
+pub(crate) struct Active {
+    pub job: Job,
+    pub deadline: Instant,
+    /// Own signature (sent to every peer) and each peer's, as received.
+    pub own_signature: Vec<u8>,
+    pub peer_signatures: Vec<(usize, Vec<u8>, Request)>,
+    /// Requests that must complete before the job ends: signature sends,
+    /// then the data transfer itself.
+    pub requests: Vec<Request>,
+    /// Bytes the data receive brought (point-to-point only).
+    pub received: Option<usize>,
+    /// The result, when it was decided before the requests completed (a
+    /// mismatch found in the signatures, a new group).
+    pub preset: Option<Result<Reply, DistError>>,
+}
+
+impl Active {
+    pub fn new(job: Job, timeout: Duration) -> Self {
+        let mut own_signature = job.signature.clone().unwrap_or_default().into_bytes();
+        own_signature.truncate(SIGNATURE_BYTES);
+        let deadline = Instant::now() + timeout;
+        Active {
+            job,
+            deadline,
+            own_signature,
+            peer_signatures: vec![],
+            requests: vec![],
+            received: None,
+            preset: None,
+        }
+    }
+
+    /// Sends this call's signature to `peer` (kept until the send completes).
+    pub fn send_signature(&mut self, peer: usize, tag: i32, comm: Comm) -> Result<(), String> {
+        let own = &self.own_signature;
+        // SAFETY: the buffer lives in `self` until the request completes.
+        self.requests.push(unsafe { ffi::isend(own.as_ptr().cast(), own.len(), peer, tag, comm)? });
+        Ok(())
+    }
+
+    /// Posts the receive of `peer`'s signature for this call.
+    pub fn receive_signature(&mut self, peer: usize, tag: i32, comm: Comm) -> Result<(), String> {
+        let mut theirs = vec![0u8; SIGNATURE_BYTES];
+        // SAFETY: the heap block lives in `self` (moving the vector does not
+        // move it) until the request completes.
+        let request = unsafe { ffi::irecv(theirs.as_mut_ptr().cast(), SIGNATURE_BYTES, peer, tag, comm)? };
+        self.peer_signatures.push((peer, theirs, request));
+        Ok(())
+    }
+
+    /// Tests every signature receive; true once all have arrived.
+    pub fn signatures_arrived(&mut self) -> Result<bool, String> {
+        let mut all = true;
+        for (_, buffer, request) in &mut self.peer_signatures {
+            match ffi::test(request)? {
+                Some(len) if len > 0 => buffer.truncate(len),
+                Some(_) => {}
+                None => all = false,
+            }
+        }
+        Ok(all)
+    }
+
+    /// The peers whose signatures have not arrived.
+    pub fn silent_peers(&self) -> Vec<usize> {
+        // MPI sets a request to null when a test finds it complete.
+        self.peer_signatures.iter().filter(|(_, _, r)| !ffi::is_null(r)).map(|(p, _, _)| *p).collect()
+    }
+
+    /// The first peer (in rank order) whose signature differs from
+    /// `reference`, with what it sent.
+    pub fn first_difference(&self, reference: &[u8]) -> Option<(usize, String)> {
+        let mut all: Vec<(usize, &[u8])> =
+            self.peer_signatures.iter().map(|(p, b, _)| (*p, b.as_slice())).collect();
+        all.sort_by_key(|(p, _)| *p);
+        all.into_iter()
+            .find(|(_, theirs)| *theirs != reference)
+            .map(|(peer, theirs)| (peer, String::from_utf8_lossy(theirs).into_owned()))
+    }
+
+    /// Posts the data transfer of the job's action on `comm`.
+    pub fn post(&mut self, comm: Comm) -> Result<(), String> {
+        use Action::*;
+        let kind_of =
+            |t: &Tensor| ffi::datatype(t.kind()).ok_or_else(|| format!("MPI cannot carry {:?}", t.kind()));
+        // SAFETY: every tensor below is owned by the job until it ends.
+        let request = unsafe {
+            match &self.job.action {
+                Broadcast { buf, root } => ffi::ibcast(buf, kind_of(buf)?, *root, comm)?,
+                AllReduce { buf, op } => {
+                    ffi::iallreduce(buf, kind_of(buf)?, ffi::reduction(buf.kind(), *op)?, comm)?
+                }
+                AllGather { input, output } => ffi::iallgather(input, output, kind_of(input)?, comm)?,
+                ReduceScatter { input, output, op } => {
+                    let reduce = ffi::reduction(input.kind(), *op)?;
+                    ffi::ireduce_scatter(input, output, kind_of(input)?, reduce, comm)?
+                }
+                Barrier => ffi::ibarrier(comm)?,
+                NewGroup { .. } => return Ok(()), // split by the engine, blocking, after agreement
+                Send { data, dst } => {
+                    ffi::isend(data.data_ptr(), byte_len(data), *dst, ffi::TAG_P2P_DATA, comm)?
+                }
+                Recv { into, src } => {
+                    let ptr: *mut c_void = into.data_ptr();
+                    ffi::irecv(ptr, byte_len(into), *src, ffi::TAG_P2P_DATA, comm)?
+                }
+            }
+        };
+        self.requests.push(request);
+        Ok(())
+    }
+
+    /// Tests the requests; true once all have completed.
+    pub fn finished(&mut self) -> Result<bool, String> {
+        let mut all = true;
+        let is_recv = matches!(self.job.action, Action::Recv { .. });
+        let last = self.requests.len().saturating_sub(1);
+        for (i, request) in self.requests.iter_mut().enumerate() {
+            match ffi::test(request)? {
+                Some(bytes) if is_recv && i == last && self.received.is_none() => self.received = Some(bytes),
+                Some(_) => {}
+                None => all = false,
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// How many bytes a contiguous tensor's elements take.
+pub(crate) fn byte_len(tensor: &Tensor) -> usize {
+    tensor.numel() * tensor.kind().elt_size_in_bytes()
+}
