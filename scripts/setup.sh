@@ -12,11 +12,13 @@
 #      NCCL: about 2.7 GB to download, 4.6 GB on disk);
 #   5. writes .cargo/libtorch.toml (git-ignored), which tells cargo where this
 #      machine's libtorch is, so that plain `cargo build` just works;
-#   6. installs mdBook, the tool that builds the book in chapters/;
-#   7. renders the book to book/ (open book/index.html);
-#   8. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
+#   6. installs Open MPI and libclang with apt-get (as root, or through
+#      sudo), for the `mpi` feature: ranks as processes started by mpirun;
+#   7. installs mdBook, the tool that builds the book in chapters/;
+#   8. renders the book to book/ (open book/index.html);
+#   9. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
 #      compiled once: 7-20 minutes on 2 cores) and Jupyter in .venv.
-# To add a step (MPI, NCCL, ...): write a `step_...` function and add its
+# To add a step (NCCL, ...): write a `step_...` function and add its
 # name to STEPS and a title to TITLES at the bottom.
 #
 # It never asks questions, so it runs unattended in CI (CI=true).
@@ -233,15 +235,46 @@ step_notebooks() {
         fail "scripts/setup_notebooks.sh failed (see its message above)."
 }
 
+# Open MPI (mpirun, mpicc and the headers) and libclang, which the `mpi`
+# crate's build uses to read mpi.h. Debian and Ubuntu package names.
+MPI_PACKAGES=(openmpi-bin libopenmpi-dev libclang-dev)
+
+step_mpi() {
+    if command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1 &&
+        compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null; then
+        done_already "$(mpirun --version 2>/dev/null | head -1), mpicc and libclang"
+        return
+    fi
+    local sudo=()
+    if [[ "$(id -u)" != 0 ]]; then
+        command -v sudo >/dev/null 2>&1 ||
+            fail "Open MPI is missing, and installing it needs root (this is not root, and there is no sudo)." \
+                 "Ask an administrator to run: apt-get install ${MPI_PACKAGES[*]}" \
+                 "Without MPI everything but the \`mpi\` feature works: scripts/test.sh --skip mpi"
+        sudo=(sudo)
+    fi
+    command -v apt-get >/dev/null 2>&1 ||
+        fail "Open MPI is missing, and this system has no apt-get." \
+             "Install Open MPI (mpirun, mpicc, headers) and libclang with your package manager, then run scripts/setup.sh again."
+    say "installing ${MPI_PACKAGES[*]} with ${sudo[*]:-} apt-get"
+    "${sudo[@]}" apt-get update -qq ||
+        fail "apt-get update failed (see above)." "Check the network, or run it yourself: ${sudo[*]:-} apt-get update"
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${MPI_PACKAGES[@]}" >/dev/null ||
+        fail "apt-get install ${MPI_PACKAGES[*]} failed (see above)." \
+             "Run it yourself to see why: ${sudo[*]:-} apt-get install ${MPI_PACKAGES[*]}"
+    done_already "$(mpirun --version 2>/dev/null | head -1)"
+}
+
 # ------------------------------------------------------------------- main
 
-STEPS=(rust python venv torch libtorch_config mdbook book notebooks)
+STEPS=(rust python venv torch libtorch_config mpi mdbook book notebooks)
 TITLES=(
     "Rust toolchain"
     "Python 3"
     "virtual environment .venv"
     "PyTorch $TORCH_VERSION (libtorch) in .venv"
     "tell cargo where libtorch is (.cargo/libtorch.toml)"
+    "Open MPI and libclang (the mpi feature)"
     "mdBook $MDBOOK_VERSION (builds the book)"
     "the book, rendered to book/"
     "notebooks: evcxr_jupyter, Jupyter and the Rust kernel"

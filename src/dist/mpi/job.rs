@@ -198,7 +198,7 @@ impl Active {
 
     /// Tests the requests; true once all have completed.
     pub fn finished(&mut self) -> Result<bool, String> {
-        let mut all = true;
+        let mut all = self.signatures_arrived()?; // a receive's signature travels apart
         let is_recv = matches!(self.job.action, Action::Recv { .. });
         let last = self.requests.len().saturating_sub(1);
         for (i, request) in self.requests.iter_mut().enumerate() {

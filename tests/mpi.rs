@@ -1,0 +1,23 @@
+//! The MPI backend on real processes: each test starts an `mpirun` job of
+//! 2 or 3 processes (through scripts/launch.sh) that runs the test's body as
+//! its ranks. Proves that every collective agrees with the in-process
+//! backend, that the chapters' DDP (your exercises included) gives the same
+//! steps as one process on the global batch, that the training run resumes
+//! bitwise after a kill, and that no failure leaves the job hanging.
+//!
+//! Run:   cargo test --features mpi --test mpi
+//! Needs: Open MPI (scripts/setup.sh installs it).
+
+mod common;
+
+#[path = "mpi/harness.rs"]
+mod harness;
+
+#[path = "mpi/chapters.rs"]
+mod chapters;
+#[path = "mpi/collectives.rs"]
+mod collectives;
+#[path = "mpi/failures.rs"]
+mod failures;
+#[path = "mpi/training.rs"]
+mod training;

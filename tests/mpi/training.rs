@@ -1,0 +1,85 @@
+//! tests/mpi/training.rs: the training run on 2 processes, killed with
+//! SIGKILL after a checkpoint and resumed, ends bitwise where an
+//! uninterrupted run ends (its final checkpoint file, byte for byte).
+//! Reaching the accuracy target is the runner's `mpi` check: the full run
+//! of examples/train.rs under scripts/launch.sh.
+
+use std::path::PathBuf;
+
+use ddp_workbook::train::{self, Event, TrainConfig};
+
+use crate::harness::launch;
+
+const STEPS: usize = 16;
+
+fn config(checkpoint: PathBuf, resume: bool) -> TrainConfig {
+    TrainConfig {
+        steps: STEPS,
+        train_sequences: 512,
+        warmup_steps: 4,
+        log_every: STEPS,
+        checkpoint: Some(checkpoint),
+        checkpoint_every: 4,
+        resume,
+        threads_per_rank: Some(1),
+        ..TrainConfig::default()
+    }
+}
+
+/// What the ranks of each job are told, through their environment.
+const CHECKPOINT: &str = "RESUME_TEST_CHECKPOINT";
+const KILL_AT_STEP: &str = "RESUME_TEST_KILL_AT_STEP";
+const RESUME: &str = "RESUME_TEST_RESUME";
+
+/// One rank of one of the three jobs: train, writing checkpoints to the
+/// file named by CHECKPOINT; with KILL_AT_STEP, rank 0 (the rank that sees
+/// events) kills itself right after that step's checkpoint.
+fn rank_of_a_job(pg: ddp_workbook::dist::Group) -> anyhow::Result<()> {
+    let var = |name| std::env::var(name).ok();
+    let checkpoint = PathBuf::from(var(CHECKPOINT).expect("the runner names the checkpoint"));
+    let kill_at: Option<usize> = var(KILL_AT_STEP).map(|s| s.parse().expect("a step"));
+    let config = config(checkpoint, var(RESUME).is_some());
+    let rank = pg.rank();
+    train::train_as_process(pg, &config, &|event| {
+        if let (Event::Checkpointed { step, .. }, Some(at)) = (event, kill_at) {
+            if step == at && rank == 0 {
+                let pid = std::process::id().to_string();
+                _ = std::process::Command::new("kill").args(["-9", &pid]).status();
+                std::thread::sleep(std::time::Duration::from_secs(60)); // the signal comes first
+            }
+        }
+    })?;
+    Ok(())
+}
+
+#[test]
+fn a_killed_run_resumes_bitwise_on_2_processes() {
+    let name = "training::a_killed_run_resumes_bitwise_on_2_processes";
+    let dir = std::env::temp_dir().join(format!("ddp-mpi-resume-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let (whole, cut) = (dir.join("whole.safetensors"), dir.join("cut.safetensors"));
+    let (whole_path, cut_path) = (whole.to_string_lossy().into_owned(), cut.to_string_lossy().into_owned());
+    let Some(first) = launch(2, name, &[(CHECKPOINT, &whole_path)], rank_of_a_job) else { return };
+    assert!(first.success, "the uninterrupted run failed:\n{}", first.output);
+    let killed =
+        launch(2, name, &[(CHECKPOINT, &cut_path), (KILL_AT_STEP, "8")], rank_of_a_job).expect("runner");
+    assert!(
+        !killed.success && killed.output.contains("signal 9"),
+        "the run should have been killed:\n{}",
+        killed.output
+    );
+    assert!(cut.exists(), "the killed run wrote no checkpoint before it died");
+    let resumed = launch(2, name, &[(CHECKPOINT, &cut_path), (RESUME, "1")], rank_of_a_job).expect("runner");
+    assert!(resumed.success, "the resumed run failed:\n{}", resumed.output);
+    let (a, b) = (
+        std::fs::read(&whole).expect("the whole run's checkpoint"),
+        std::fs::read(&cut).expect("the resumed run's checkpoint"),
+    );
+    assert!(
+        a == b,
+        "the resumed run's final checkpoint differs from the uninterrupted run's ({} vs {} bytes)",
+        a.len(),
+        b.len()
+    );
+    _ = std::fs::remove_dir_all(&dir);
+}
