@@ -26,15 +26,16 @@ const CHECKS: &[(&str, &str)] = &[
     ("stubs", "each exercise pub fn has its solution's doc comment and signature, and a todo!(\"exercise chNN: ...\")"),
     ("hints", "each exercise has graded hints 1, 2, 3 in its hints.md, and its chapter page shows every one"),
     ("runner", "cargo test -p xtask: the runner's and the workbook command's own tests (counted per test)"),
-    ("solutions", "cargo test --features solutions: every test and doc test passes (counted per test)"),
+    ("solutions", "cargo test --features solutions,mpi: every test and doc test passes (counted per test)"),
     ("teeth", "each tests/chapter_NN.rs fails on the untouched stubs, saying `exercise chNN:` (one per chapter)"),
     ("notebooks", "every notebook runs in the Rust kernel (counted per notebook), is committed clean, and the runner's own tests pass"),
-    ("clippy", "cargo clippy --all-targets --features solutions -- -D warnings, and the same for xtask"),
-    ("train", "cargo run --release --example train reaches its accuracy target"),
+    ("clippy", "cargo clippy --all-targets --features solutions,mpi -- -D warnings, and the same for xtask"),
+    ("train", "cargo run --release --features mpi --example train reaches its accuracy target"),
+    ("mpi", "the same run as 2 processes: scripts/launch.sh -np 2 target/release/examples/train --backend mpi"),
 ];
 
 /// The checks that build or run the crate, and so need libtorch.
-const NEED_LIBTORCH: &[&str] = &["solutions", "teeth", "notebooks", "clippy", "train"];
+const NEED_LIBTORCH: &[&str] = &["solutions", "teeth", "notebooks", "clippy", "train", "mpi"];
 
 fn help() -> String {
     let mut text = String::from(
@@ -138,6 +139,7 @@ fn main() -> ExitCode {
             "notebooks" => tool_checks::notebooks(&ctx, &mut report),
             "clippy" => tool_checks::clippy(&ctx, &mut report),
             "train" => tool_checks::train(&ctx, &mut report),
+            "mpi" => tool_checks::train_mpi(&ctx, &mut report),
             other => unreachable!("check `{other}` is in CHECKS but has no code"),
         }
     }

@@ -194,11 +194,12 @@ pub fn last_passed_failed_line(output: &str) -> Option<(usize, usize)> {
 }
 
 pub fn clippy(ctx: &Context, report: &mut Report) {
-    report.section("cargo clippy --all-targets --features solutions -- -D warnings (and the xtask crate)");
+    report
+        .section("cargo clippy --all-targets --features solutions,mpi -- -D warnings (and the xtask crate)");
     // The workspace's two members separately: the `solutions` feature exists
     // only in ddp-workbook, and the runner must stay lint-clean as well.
     let runs: [(&[&str], &str); 2] = [
-        (&["clippy", "--all-targets", "--features", "solutions", "--", "-D", "warnings"], "clippy.log"),
+        (&["clippy", "--all-targets", "--features", "solutions,mpi", "--", "-D", "warnings"], "clippy.log"),
         (&["clippy", "--package", "xtask", "--all-targets", "--", "-D", "warnings"], "clippy-xtask.log"),
     ];
     for (args, log_name) in runs {
@@ -238,8 +239,9 @@ pub fn train(ctx: &Context, report: &mut Report) {
     // The default run trains the tiny GPT on 2 ranks and exits 0 only when
     // its held-out accuracy reaches the stated target (its last line says
     // PASS). Its numbers are the same on every run; only the wall time varies.
+    // With the `mpi` feature, so that the `mpi` check reuses this build.
     let mut command = ctx.cargo();
-    command.args(["run", "--release", "--example", "train"]);
+    command.args(["run", "--release", "--features", "mpi", "--example", "train"]);
     let limit = ctx.limit(CHAPTER_LIMIT);
     let Some(captured) = run_or_fail(report, "train", command, limit, ctx.log("train.log"), false) else {
         return;
@@ -255,5 +257,48 @@ pub fn train(ctx: &Context, report: &mut Report) {
             "the default training run missed its target or failed (target/test-logs/train.log)".to_string()
         };
         report.check("train", Outcome::Fail, &detail);
+    }
+}
+
+pub fn train_mpi(ctx: &Context, report: &mut Report) {
+    report.section(
+        "scripts/launch.sh -np 2 target/release/examples/train --backend mpi: 2 processes reach the target",
+    );
+    // The README's launch command: the same run as `train`, as two
+    // processes that mpirun starts and the MPI backend connects.
+    let mut build = ctx.cargo();
+    build.args(["build", "--release", "--features", "mpi", "--example", "train"]);
+    let limit = ctx.limit(CHAPTER_LIMIT);
+    let Some(built) = run_or_fail(report, "mpi", build, limit, ctx.log("mpi-build.log"), false) else {
+        return;
+    };
+    if !built.finished.success() {
+        process::print_last_lines(&built.output, 20);
+        return report.check("mpi", Outcome::Fail, "the build failed (target/test-logs/mpi-build.log)");
+    }
+    let mut command = Command::new("bash");
+    command.current_dir(&ctx.root).args([
+        "scripts/launch.sh",
+        "-np",
+        "2",
+        "target/release/examples/train",
+        "--backend",
+        "mpi",
+    ]);
+    let Some(captured) = run_or_fail(report, "mpi", command, limit, ctx.log("mpi.log"), false) else {
+        return;
+    };
+    if captured.finished.success() {
+        let verdict = captured.output.lines().rev().find(|line| line.starts_with("PASS")).unwrap_or("");
+        report.check("mpi", Outcome::Ok, verdict);
+    } else {
+        process::print_last_lines(&captured.output, 30);
+        let detail = if captured.finished.timed_out {
+            format!("stopped after {}: the MPI training run hangs", describe_limit(CHAPTER_LIMIT))
+        } else {
+            "the training run on 2 MPI processes missed its target or failed (target/test-logs/mpi.log)"
+                .to_string()
+        };
+        report.check("mpi", Outcome::Fail, &detail);
     }
 }
