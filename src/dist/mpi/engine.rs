@@ -401,7 +401,7 @@ fn disagreement(active: &Active, comm: &CommState) -> Option<String> {
 fn pause(idle_rounds: u32) {
     match idle_rounds {
         0..=64 => std::hint::spin_loop(),
-        65..=2048 => std::thread::yield_now(),
+        65..=200_000 => std::thread::yield_now(),
         _ => std::thread::sleep(Duration::from_micros(50)),
     }
 }
