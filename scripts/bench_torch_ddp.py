@@ -8,7 +8,7 @@ sequences per rank per micro-batch, 2 micro-batches per step (no_sync on the
 first), AdamW at 3e-3, one libtorch thread per process.
 examples/bench_vs_pytorch.rs runs it in alternating rounds with ours:
 
-    cargo run --release --example bench_vs_pytorch
+    cargo run --release --features mpi --example bench_vs_pytorch
 
 Run alone: .venv/bin/python scripts/bench_torch_ddp.py --steps 200
 Prints `tokens_per_second N` (rank 0's, over the timed steps).

@@ -39,6 +39,7 @@ impl LaunchEnv {
     }
 
     /// [`from_env`](Self::from_env) over any source of variables (tests).
+    // ANCHOR: from_lookup
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>, String> {
         const SCHEMES: [(Launcher, [&str; 4]); 3] = [
             (
@@ -71,4 +72,5 @@ impl LaunchEnv {
         }
         Ok(None)
     }
+    // ANCHOR_END: from_lookup
 }

@@ -184,6 +184,7 @@ impl Drop for MpiWorld {
     }
 }
 
+// ANCHOR: run
 /// Runs `body` as this process's rank of the MPI job and returns what it
 /// returned, after finishing MPI. If `body` returns an error or panics, or
 /// the group cannot finish, this prints what happened, naming the rank, and
@@ -213,3 +214,4 @@ pub fn run<T>(body: impl FnOnce(Group) -> anyhow::Result<T>) -> T {
     eprintln!("rank {rank} of {size} failed, ending the whole job: {failure}");
     ffi::abort(1)
 }
+// ANCHOR_END: run
