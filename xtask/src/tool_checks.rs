@@ -235,7 +235,7 @@ fn print_lints(output: &str, max_lines: usize) {
 }
 
 pub fn train(ctx: &Context, report: &mut Report) {
-    report.section("cargo run --release --example train: the real run reaches its target");
+    report.section("cargo run --release --features mpi --example train: the real run reaches its target");
     // The default run trains the tiny GPT on 2 ranks and exits 0 only when
     // its held-out accuracy reaches the stated target (its last line says
     // PASS). Its numbers are the same on every run; only the wall time varies.
