@@ -21,10 +21,11 @@ pub enum DistError {
     #[error("rank {rank}: ranks disagree on {op}: {detail}")]
     Mismatch { rank: usize, op: String, detail: String },
 
-    /// The process's communicator failed on an earlier call (a timeout, a
-    /// lost peer) and can carry nothing more; the job must end. Only
-    /// backends whose calls cannot be cancelled (MPI, NCCL) return it.
-    #[error("rank {rank}: {op} cannot run: an earlier call broke this process's communicator ({cause})")]
+    /// The process's communicator failed (a missed deadline, an error
+    /// inside the communication library) and can carry nothing more; the
+    /// job must end. Only backends whose calls cannot be taken back (MPI,
+    /// NCCL) return it; `cause` is the failure that broke it.
+    #[error("rank {rank}: {op}: this process's communicator is broken, the job must end: {cause}")]
     Broken { rank: usize, op: String, cause: String },
 
     /// The call itself was malformed (a bad rank, an indivisible tensor...).
