@@ -51,6 +51,22 @@ impl std::fmt::Display for Call {
     }
 }
 
+/// What is wrong with a `new_group` list for a group of `size` ranks, in
+/// words that say what to pass instead; `None` when it is fine. Every
+/// backend checks the list only after the ranks agreed on it, so all reach
+/// the same verdict.
+pub(crate) fn group_list_problem(ranks: &[usize], size: usize) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    let problem = if ranks.is_empty() {
+        Some("the list of ranks is empty".to_string())
+    } else if let Some(bad) = ranks.iter().find(|&&r| r >= size) {
+        Some(format!("rank {bad} is not a rank of a group of {size}"))
+    } else {
+        ranks.iter().find(|&&r| !seen.insert(r)).map(|dup| format!("rank {dup} is listed twice"))
+    };
+    problem.map(|problem| format!("{problem}; pass distinct ranks in 0..{size}"))
+}
+
 /// How call number `seq` ended; the same for every rank.
 pub(crate) enum Outcome {
     Shared(Vec<Tensor>),

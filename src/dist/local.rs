@@ -3,13 +3,12 @@
 //!
 //! Try it: `cargo test --test dist`.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tch::{Kind, Tensor};
 
-use super::call::{Call, Op};
+use super::call::{group_list_problem, Call, Op};
 use super::tag::current_tag;
 use super::world::World;
 use super::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
@@ -223,17 +222,8 @@ impl ProcessGroup for LocalProcessGroup {
         let (seq, name) = self.start(Op::NewGroup(ranks.to_vec()), None, None);
         self.world.complete(self.rank, seq, &name, |_| Ok(()))?;
         // Every rank now checks the same list, so every rank reaches the same verdict.
-        let size = self.world.size;
-        let mut seen = HashSet::new();
-        let problem = if ranks.is_empty() {
-            Some("the list of ranks is empty".to_string())
-        } else if let Some(bad) = ranks.iter().find(|&&r| r >= size) {
-            Some(format!("rank {bad} is not a rank of a group of {size}"))
-        } else {
-            ranks.iter().find(|&&r| !seen.insert(r)).map(|dup| format!("rank {dup} is listed twice"))
-        };
-        if let Some(problem) = problem {
-            return Err(self.invalid(&name, format!("{problem}; pass distinct ranks in 0..{size}")));
+        if let Some(problem) = group_list_problem(ranks, self.world.size) {
+            return Err(self.invalid(&name, problem));
         }
         let Some(sub_rank) = ranks.iter().position(|&r| r == self.rank) else {
             return Ok(None);

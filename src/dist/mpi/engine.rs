@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::ffi::{self, Comm};
 use super::job::{Action, Active, Done, Job, Reply};
+use crate::dist::call::group_list_problem;
 use crate::dist::DistError;
 
 /// What callers send to the communication thread.
@@ -246,10 +247,12 @@ impl Engine {
             return Err(mismatch(format!("rank {src} sent {theirs} but rank {me} receives into {mine}")));
         }
         match active.received {
-            Some(bytes) if bytes != super::job::byte_len(into) => Err(mismatch(format!(
-                "rank {src} sent {bytes} bytes but {mine} takes {}",
-                super::job::byte_len(into)
-            ))),
+            Some(bytes) if bytes != super::job::byte_len(into) => {
+                let (me, want) = (self.world_rank, super::job::byte_len(into));
+                Err(mismatch(format!(
+                    "rank {src} sent {bytes} bytes but rank {me} receives into {mine} ({want} bytes)"
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -258,17 +261,7 @@ impl Engine {
     /// reaches the same verdict), then split the communicator.
     fn split(&mut self, c: usize, name: &str, ranks: &[usize]) -> Result<Result<Reply, DistError>, String> {
         let comm = &self.comms[c];
-        let size = comm.global.len();
-        let mut seen = std::collections::HashSet::new();
-        let problem = if ranks.is_empty() {
-            Some("the list of ranks is empty".to_string())
-        } else if let Some(bad) = ranks.iter().find(|&&r| r >= size) {
-            Some(format!("rank {bad} is not a rank of a group of {size}"))
-        } else {
-            ranks.iter().find(|&&r| !seen.insert(r)).map(|dup| format!("rank {dup} is listed twice"))
-        };
-        if let Some(problem) = problem {
-            let detail = format!("{problem}; pass distinct ranks in 0..{size}");
+        if let Some(detail) = group_list_problem(ranks, comm.global.len()) {
             return Ok(Err(DistError::Invalid { rank: self.world_rank, op: name.to_string(), detail }));
         }
         let position = ranks.iter().position(|&r| r == comm.rank);
