@@ -7,28 +7,53 @@
 //!    libtorch_cuda.so with --no-as-needed: nothing in our code calls it
 //!    directly, so the linker would drop it, and then
 //!    `tch::Cuda::is_available()` is false even on a GPU.
-//! 2. With the `mpi` feature, compile src/dist/mpi/in_place.c with the MPI
+//! 2. Compile src/autograd/shim.cpp against libtorch's headers: autograd
+//!    hooks and `.grad` installation, which tch does not expose.
+//! 3. With the `mpi` feature, compile src/dist/mpi/in_place.c with the MPI
 //!    compiler wrapper (`mpicc`, or the one MPICC names).
 
 use std::path::Path;
 
 fn main() {
-    link_libtorch();
+    if let Some(lib) = link_libtorch() {
+        compile_autograd_shim(&lib);
+    }
     if std::env::var_os("CARGO_FEATURE_MPI").is_some() {
         compile_mpi_shim();
     }
 }
 
-fn link_libtorch() {
+/// Returns libtorch's library folder, when torch-sys names it.
+fn link_libtorch() -> Option<String> {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
-    let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
-        // torch-sys found libtorch some other way (or this is a doc build).
-        return;
-    };
+    // Without it, torch-sys found libtorch some other way (or this is a doc build).
+    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB").ok()?;
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     if Path::new(&lib).join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
+    Some(lib)
+}
+
+/// The shim is compiled as torch-sys compiles its own C++: C++17, the
+/// wheel's C++11 ABI (LIBTORCH_CXX11_ABI overrides it, as for torch-sys; a
+/// wrong value fails at link time), and glog's export macro.
+fn compile_autograd_shim(lib: &str) {
+    const SHIM: &str = "src/autograd/shim.cpp";
+    println!("cargo:rerun-if-changed={SHIM}");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_string());
+    let include = Path::new(lib).join("../include");
+    cc::Build::new()
+        .cpp(true)
+        .file(SHIM)
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .flag("-w") // libtorch's headers warn by the hundred; our 80 lines are checked by hand
+        .compile("ddp_autograd_shim");
 }
 
 fn compile_mpi_shim() {

@@ -14,6 +14,7 @@
 
 pub use tch;
 
+pub mod autograd;
 pub mod data;
 pub mod ddp;
 pub mod dist;

@@ -1,0 +1,181 @@
+//! What libtorch's autograd can do and the `tch` crate does not expose,
+//! through a small C++ shim (`shim.cpp`, compiled by `build.rs`):
+//!
+//! - [`GradReadyHooks`]: a callback that runs the moment a parameter's
+//!   gradient has been accumulated in a backward pass (PyTorch's
+//!   `register_post_accumulate_grad_hook`). DDP uses it to start a bucket's
+//!   all-reduce while backward still computes the earlier layers.
+//! - [`set_grad`]: makes a tensor a parameter's `.grad` without copying
+//!   (`param.grad = view`), so that backward accumulates into it.
+//!
+//! Tested by `cargo test --test autograd`.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use ddp_workbook::autograd::GradReadyHooks;
+//! use ddp_workbook::tch::{Kind, Tensor};
+//!
+//! let (w, b) = (Tensor::ones([2], (Kind::Float, ddp_workbook::tch::Device::Cpu)).set_requires_grad(true),
+//!               Tensor::zeros([2], (Kind::Float, ddp_workbook::tch::Device::Cpu)).set_requires_grad(true));
+//! let order = Arc::new(Mutex::new(vec![]));
+//! let seen = order.clone();
+//! let hooks = GradReadyHooks::register(&[w.shallow_clone(), b.shallow_clone()], move |i| seen.lock().unwrap().push(i))?;
+//! (&w * 3.0 + &b).sum(None).backward();
+//! assert_eq!(order.lock().unwrap().len(), 2); // each gradient, once, when ready
+//! drop(hooks); // removes them
+//! # Ok::<(), ddp_workbook::autograd::AutogradError>(())
+//! ```
+
+use std::ffi::{c_char, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use tch::Tensor;
+
+type RawCallback = extern "C" fn(context: *mut c_void, index: i64);
+
+extern "C" {
+    fn ddp_set_grad_ready_hook(
+        tensor: *mut c_void,
+        callback: Option<RawCallback>,
+        context: *mut c_void,
+        index: i64,
+        error: *mut c_char,
+        error_len: usize,
+    ) -> i32;
+    fn ddp_set_grad(param: *mut c_void, grad: *mut c_void, error: *mut c_char, error_len: usize) -> i32;
+}
+
+/// Why a hook or a gradient could not be set.
+#[derive(Debug, thiserror::Error)]
+pub enum AutogradError {
+    #[error("{what}: libtorch says: {message}")]
+    Libtorch { what: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Calls a shim entry point with an error buffer, and turns a non-zero
+/// status into an error naming `what`.
+fn call_shim(
+    what: impl FnOnce() -> String,
+    call: impl FnOnce(*mut c_char, usize) -> i32,
+) -> Result<(), AutogradError> {
+    let mut error = [0 as c_char; 1024];
+    if call(error.as_mut_ptr(), error.len()) == 0 {
+        return Ok(());
+    }
+    // SAFETY: the shim always writes a NUL-terminated message on failure.
+    let message = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();
+    let message = crate::dist::cause_in_words(&message);
+    Err(AutogradError::Libtorch { what: what(), message })
+}
+
+/// What the hooks of one registration call, and the first panic they hit.
+struct HookContext {
+    callback: Box<dyn Fn(usize) + Send + Sync>,
+    panicked: Mutex<Option<String>>,
+}
+
+/// Runs on the thread that runs backward. A panic must not unwind into
+/// C++: it is caught and kept for [`GradReadyHooks::take_panic`].
+extern "C" fn grad_ready(context: *mut c_void, index: i64) {
+    // SAFETY: the context outlives every hook that points at it: the guard
+    // removes the hooks before it frees the context.
+    let context = unsafe { &*(context as *const HookContext) };
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (context.callback)(index as usize))) {
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic without a message".into());
+        let mut first = context.panicked.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(message);
+    }
+}
+
+/// "Gradient ready" hooks on a list of parameters: after each backward pass
+/// accumulates parameter `i`'s gradient, the callback runs with `i` (the
+/// gradient is final then). Dropping the guard removes every hook, so no
+/// callback can outlive what it uses. A parameter holds one such hook: a
+/// second registration on it replaces the first.
+pub struct GradReadyHooks {
+    params: Vec<Tensor>,
+    context: Box<HookContext>,
+}
+
+impl GradReadyHooks {
+    /// Hooks every tensor of `params` (leaves that require grad) with
+    /// `callback`, which receives the tensor's index in `params`.
+    pub fn register(
+        params: &[Tensor],
+        callback: impl Fn(usize) + Send + Sync + 'static,
+    ) -> Result<Self, AutogradError> {
+        let context = Box::new(HookContext { callback: Box::new(callback), panicked: Mutex::new(None) });
+        let mut hooks = GradReadyHooks { params: vec![], context };
+        for (index, param) in params.iter().enumerate() {
+            if !param.requires_grad() || !param.is_leaf() {
+                let detail = format!("parameter {index} is not a leaf tensor that requires grad: autograd never accumulates a gradient into it");
+                return Err(AutogradError::Invalid(detail)); // `hooks` drops: the earlier ones are removed
+            }
+            let context = &*hooks.context as *const HookContext as *mut c_void;
+            let tensor = param.as_ptr() as *mut c_void;
+            call_shim(
+                || format!("registering the gradient hook of parameter {index}"),
+                // SAFETY: `tensor` is a live at::Tensor (tch's handle); the shim catches exceptions.
+                |error, len| unsafe {
+                    ddp_set_grad_ready_hook(tensor, Some(grad_ready), context, index as i64, error, len)
+                },
+            )?;
+            hooks.params.push(param.shallow_clone());
+        }
+        Ok(hooks)
+    }
+
+    /// The first panic of a callback since the last call, if any (the hook
+    /// itself cannot fail the backward pass that ran it).
+    pub fn take_panic(&self) -> Option<String> {
+        self.context.panicked.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl Drop for GradReadyHooks {
+    fn drop(&mut self) {
+        for param in &self.params {
+            let tensor = param.as_ptr() as *mut c_void;
+            // SAFETY: as in `register`; a null callback removes the hook.
+            // Removal cannot fail for a tensor that held one; if it did, the
+            // next backward would call into freed memory, so stop here.
+            let removed = call_shim(String::new, |error, len| unsafe {
+                ddp_set_grad_ready_hook(tensor, None, std::ptr::null_mut(), 0, error, len)
+            });
+            if let Err(error) = removed {
+                eprintln!("could not remove a gradient hook ({error}); aborting rather than risk a dangling callback");
+                std::process::abort();
+            }
+        }
+    }
+}
+
+/// Makes `grad` the gradient of `param`, without a copy: backward passes
+/// then add into `grad`'s memory. Typical use: `grad` is a view of a slot
+/// of a flat bucket. Both must have the same shape, dtype and device, and
+/// `param` must be a leaf that requires grad. Zero such a gradient in place
+/// (`grad.zero_()`): tch's `Optimizer::zero_grad` detaches each gradient in
+/// place first, which libtorch refuses for a view (PyTorch's DDP with
+/// `gradient_as_bucket_view` meets the same rule).
+pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<(), AutogradError> {
+    if !param.requires_grad() || !param.is_leaf() {
+        return Err(AutogradError::Invalid("the parameter is not a leaf tensor that requires grad".into()));
+    }
+    let (p, g) = ((param.size(), param.kind(), param.device()), (grad.size(), grad.kind(), grad.device()));
+    if p != g {
+        return Err(AutogradError::Invalid(format!(
+            "a {:?}{:?} gradient on {:?} cannot belong to a {:?}{:?} parameter on {:?}",
+            g.1, g.0, g.2, p.1, p.0, p.2
+        )));
+    }
+    let (param, grad) = (param.as_ptr() as *mut c_void, grad.as_ptr() as *mut c_void);
+    // SAFETY: both are live at::Tensor handles; the shim catches exceptions.
+    call_shim(|| "setting a gradient".into(), |error, len| unsafe { ddp_set_grad(param, grad, error, len) })
+}

@@ -1,0 +1,145 @@
+//! The autograd shim (src/autograd/): gradient-ready hooks and installed
+//! gradients, on libtorch's real backward pass.
+//!
+//! Run: cargo test --test autograd
+
+use std::sync::{Arc, Mutex};
+
+use ddp_workbook::autograd::{set_grad, AutogradError, GradReadyHooks};
+use ddp_workbook::models::{named_parameters, Mlp};
+use ddp_workbook::tch::nn::Module;
+use ddp_workbook::tch::{Device, Kind, Tensor};
+
+fn mlp() -> (ddp_workbook::tch::nn::VarStore, Mlp) {
+    Mlp::seeded(7, &[3, 5, 4, 1], Kind::Double)
+}
+
+fn input() -> Tensor {
+    Tensor::arange(12, (Kind::Double, Device::Cpu)).reshape([4, 3]) / 10.0
+}
+
+/// Every hook call: the index, and the sum of that gradient at that moment.
+type Calls = Arc<Mutex<Vec<(usize, f64)>>>;
+
+fn record(params: &[Tensor]) -> (GradReadyHooks, Calls) {
+    let calls: Calls = Arc::default();
+    // Tensors are Send but not Sync: the hook shares them behind a mutex.
+    let watched = Mutex::new(params.iter().map(Tensor::shallow_clone).collect::<Vec<_>>());
+    let seen = calls.clone();
+    let hooks = GradReadyHooks::register(params, move |i| {
+        let sum = watched.lock().unwrap()[i].grad().sum(Kind::Double).double_value(&[]);
+        seen.lock().unwrap().push((i, sum));
+    })
+    .expect("the hooks register");
+    (hooks, calls)
+}
+
+#[test]
+fn each_hook_fires_once_per_backward_with_the_final_gradient_in_reverse_order() {
+    let (vs, model) = mlp();
+    let params: Vec<Tensor> = named_parameters(&vs).into_iter().map(|(_, p)| p).collect();
+    let (_hooks, calls) = record(&params);
+    model.forward(&input()).sum(None).backward();
+    let calls = calls.lock().unwrap().clone();
+    let order: Vec<usize> = calls.iter().map(|(i, _)| *i).collect();
+    // Parameters in registration order are the layers front to back; backward runs back to front.
+    let mut layers: Vec<usize> = (0..params.len()).collect();
+    layers.reverse();
+    let by_layer = |o: &[usize]| o.iter().map(|i| i / 2).collect::<Vec<_>>();
+    assert_eq!(by_layer(&order), by_layer(&layers), "hook order {order:?}");
+    for (i, sum) in calls {
+        let final_sum = params[i].grad().sum(Kind::Double).double_value(&[]);
+        assert_eq!(sum, final_sum, "parameter {i}: the hook saw a gradient that changed afterwards");
+    }
+}
+
+#[test]
+fn a_second_backward_fires_again_after_accumulating() {
+    let (vs, model) = mlp();
+    let params: Vec<Tensor> = named_parameters(&vs).into_iter().map(|(_, p)| p).collect();
+    let (_hooks, calls) = record(&params);
+    model.forward(&input()).sum(None).backward();
+    let first: Vec<(usize, f64)> = calls.lock().unwrap().drain(..).collect();
+    model.forward(&input()).sum(None).backward();
+    let second: Vec<(usize, f64)> = calls.lock().unwrap().clone();
+    assert_eq!(second.len(), params.len(), "one call per parameter per backward");
+    for ((i, a), (j, b)) in first.iter().zip(&second) {
+        assert_eq!(i, j);
+        assert!((b - 2.0 * a).abs() <= 1e-12 * a.abs().max(1.0), "parameter {i}: {b} is not twice {a}");
+    }
+}
+
+#[test]
+fn dropping_the_guard_removes_every_hook() {
+    let (vs, model) = mlp();
+    let params: Vec<Tensor> = named_parameters(&vs).into_iter().map(|(_, p)| p).collect();
+    let (hooks, calls) = record(&params);
+    drop(hooks);
+    model.forward(&input()).sum(None).backward();
+    assert!(calls.lock().unwrap().is_empty(), "a removed hook ran");
+}
+
+#[test]
+fn a_panicking_callback_is_caught_and_reported() {
+    let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let hooks = GradReadyHooks::register(&[w.shallow_clone()], |_| panic!("deliberate")).unwrap();
+    (&w * 2.0).sum(None).backward(); // must not unwind through libtorch
+    assert_eq!(hooks.take_panic().as_deref(), Some("deliberate"));
+    assert_eq!(hooks.take_panic(), None, "taken once");
+    assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), vec![2.0; 3], "backward still finished");
+}
+
+#[test]
+fn hooks_refuse_tensors_that_get_no_gradient() {
+    let plain = Tensor::ones([2], (Kind::Float, Device::Cpu));
+    let error = GradReadyHooks::register(&[plain], |_| {}).err().expect("refused");
+    assert!(
+        matches!(error, AutogradError::Invalid(_)) && error.to_string().contains("parameter 0"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_installed_gradient_is_where_backward_accumulates_and_zero_grad_zeroes() {
+    let (vs, model) = mlp();
+    let params = named_parameters(&vs);
+    let total: i64 = params.iter().map(|(_, p)| p.numel() as i64).sum();
+    let flat = Tensor::zeros([total], (Kind::Double, Device::Cpu));
+    let mut offset = 0;
+    for (_, p) in &params {
+        let n = p.numel() as i64;
+        set_grad(p, &flat.narrow(0, offset, n).view(p.size().as_slice())).unwrap();
+        offset += n;
+    }
+    model.forward(&input()).sum(None).backward();
+    let from_params: f64 = params.iter().map(|(_, p)| p.grad().sum(Kind::Double).double_value(&[])).sum();
+    let in_flat = flat.sum(Kind::Double).double_value(&[]);
+    assert!(
+        in_flat != 0.0 && (in_flat - from_params).abs() < 1e-12,
+        "flat {in_flat} vs gradients {from_params}"
+    );
+    assert_eq!(params[0].1.grad().data_ptr(), flat.data_ptr(), "the first gradient is the buffer's start");
+    // tch's `Optimizer::zero_grad` detaches each gradient in place, which
+    // libtorch refuses for a view: zero the gradients themselves instead.
+    for (_, p) in &params {
+        let _ = p.grad().zero_();
+    }
+    assert_eq!(
+        flat.abs().sum(Kind::Double).double_value(&[]),
+        0.0,
+        "zeroing the gradients zeroed the buffer"
+    );
+    assert_eq!(params[0].1.grad().data_ptr(), flat.data_ptr(), "and the gradient is still the buffer");
+}
+
+#[test]
+fn set_grad_refuses_a_gradient_of_another_shape_or_dtype() {
+    let p = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    for bad in [
+        Tensor::zeros([3, 2], (Kind::Float, Device::Cpu)),
+        Tensor::zeros([2, 3], (Kind::Double, Device::Cpu)),
+    ] {
+        let error = set_grad(&p, &bad).unwrap_err();
+        assert!(error.to_string().contains("cannot belong to a Float[2, 3] parameter"), "{error}");
+    }
+}
