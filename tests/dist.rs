@@ -25,6 +25,8 @@ mod failures;
 mod groups;
 #[path = "dist/invalid.rs"]
 mod invalid;
+#[path = "dist/link.rs"]
+mod link;
 #[path = "dist/split_reduce.rs"]
 mod split_reduce;
 #[path = "dist/stats_and_grads.rs"]

@@ -4,11 +4,14 @@
 //! Try it: `cargo test --test dist`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
 use super::call::{group_list_problem, Call, Op};
+use super::comm_thread::CommThread;
+use super::completion::Completion;
 use super::tag::current_tag;
 use super::world::World;
 use super::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
@@ -19,6 +22,8 @@ use super::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 pub struct LocalProcessGroup {
     rank: usize,
     world: Arc<World>,
+    /// Where asynchronous all-reduces progress; started at the first one.
+    comm: OnceLock<Result<CommThread, String>>,
     /// How many collectives this rank has started: the next call's number.
     next_seq: AtomicU64,
     stats: Mutex<CommStats>,
@@ -26,7 +31,13 @@ pub struct LocalProcessGroup {
 
 impl LocalProcessGroup {
     pub(crate) fn new(rank: usize, world: Arc<World>) -> Self {
-        LocalProcessGroup { rank, world, next_seq: AtomicU64::new(0), stats: Mutex::default() }
+        LocalProcessGroup {
+            rank,
+            world,
+            comm: OnceLock::new(),
+            next_seq: AtomicU64::new(0),
+            stats: Mutex::default(),
+        }
     }
 
     fn count(&self, update: impl FnOnce(&mut CommStats)) {
@@ -58,6 +69,27 @@ impl LocalProcessGroup {
         Ok(())
     }
 
+    /// Checks an all-reduce, counts it and joins it: its number and name.
+    fn begin_all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<(u64, String), DistError> {
+        self.check_tensor("all_reduce", tensor)?;
+        if op == ReduceOp::Avg && !is_float(tensor.kind()) {
+            let kind = tensor.kind();
+            return Err(
+                self.invalid("all_reduce", format!("avg needs a floating-point tensor, got {kind:?}"))
+            );
+        }
+        self.count(|s| {
+            s.all_reduce += 1;
+            s.collective_bytes += bytes(tensor);
+        });
+        Ok(self.start(Op::AllReduce(op), Some(tensor), Some(tensor.shallow_clone())))
+    }
+
+    /// How long an all-reduce of `tensor` takes on the simulated link, if any.
+    fn link_time(&self, tensor: &Tensor) -> Option<Duration> {
+        self.world.link.map(|link| link.all_reduce_time(bytes(tensor), self.world.size))
+    }
+
     /// Joins the next collective and returns its number and its name for
     /// error messages ("all_reduce(sum) of Float[4] (call #3 of sub-group [2, 3])").
     fn start(&self, op: Op, tensor: Option<&Tensor>, input: Option<Tensor>) -> (u64, String) {
@@ -76,6 +108,24 @@ impl LocalProcessGroup {
 
 fn bytes(tensor: &Tensor) -> u64 {
     (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64
+}
+
+/// This rank's side of all-reduce `seq`, then, with a simulated link, a
+/// wait until the link's time for it has passed.
+fn finish_all_reduce(
+    world: &World,
+    rank: usize,
+    seq: u64,
+    name: &str,
+    output: &mut Tensor,
+    link_time: Option<Duration>,
+) -> Result<(), DistError> {
+    let began = Instant::now();
+    world.complete_all_reduce(rank, seq, name, output)?;
+    if let Some(link_time) = link_time {
+        std::thread::sleep(link_time.saturating_sub(began.elapsed()));
+    }
+    Ok(())
 }
 
 fn is_float(kind: Kind) -> bool {
@@ -107,24 +157,35 @@ impl ProcessGroup for LocalProcessGroup {
         self.world.complete(self.rank, seq, &name, |shared| tensor.f_copy_(&shared[0]))
     }
 
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
+        // On this thread: no hand-over to the communication thread to wait for.
+        let (seq, name) = self.begin_all_reduce(tensor, op)?;
+        let link_time = self.link_time(tensor);
+        finish_all_reduce(&self.world, self.rank, seq, &name, tensor, link_time)
+    }
+
     fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
-        self.check_tensor("all_reduce", tensor)?;
-        if op == ReduceOp::Avg && !is_float(tensor.kind()) {
-            let kind = tensor.kind();
-            return Err(
-                self.invalid("all_reduce", format!("avg needs a floating-point tensor, got {kind:?}"))
-            );
-        }
-        self.count(|s| {
-            s.all_reduce += 1;
-            s.collective_bytes += bytes(tensor);
+        let (seq, name) = self.begin_all_reduce(tensor, op)?;
+        let comm = self.comm.get_or_init(|| {
+            CommThread::start(format!("comm-{}", self.global_rank())).map_err(|e| e.to_string())
         });
-        let (seq, name) = self.start(Op::AllReduce(op), Some(tensor), Some(tensor.shallow_clone()));
-        let (world, rank) = (self.world.clone(), self.rank);
-        let mut output = tensor.shallow_clone();
-        let wait = move || world.complete_all_reduce(rank, seq, &name, &mut output);
-        let world = self.world.clone();
-        Ok(Work::with_release(wait, move || world.give_up(rank, seq)))
+        let Ok(comm) = comm.as_ref() else {
+            self.world.give_up(self.rank, seq);
+            return Err(self.invalid("all_reduce", "this rank's communication thread could not start"));
+        };
+        // This rank's side of the all-reduce (and the simulated link's time)
+        // runs on its communication thread, while this thread goes on.
+        let (world, rank, done) = (self.world.clone(), self.rank, Arc::new(Completion::default()));
+        let (mut output, result, job_name) = (tensor.shallow_clone(), done.clone(), name.clone());
+        let link_time = self.link_time(tensor);
+        let queued = comm
+            .run(move || result.set(finish_all_reduce(&world, rank, seq, &job_name, &mut output, link_time)));
+        if !queued {
+            self.world.give_up(rank, seq);
+            return Err(self.invalid("all_reduce", "this rank's communication thread has stopped"));
+        }
+        let (me, backstop) = (self.global_rank(), self.world.timeout * 2 + Duration::from_secs(30));
+        Ok(Work::new(move || done.wait(backstop, me, &name)))
     }
 
     fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {

@@ -3,7 +3,10 @@
 //!
 //! Chapter code talks only to the [`ProcessGroup`] trait, so the same DDP runs
 //! on any backend. The in-process backend ([`spawn`]) runs every rank as a
-//! thread of this process; try it with `cargo test --test dist`.
+//! thread of this process (asynchronous all-reduces progress on a
+//! communication thread per rank, and [`SimulatedLink`] can give them a
+//! network's cost); try it with `cargo test --test dist`. With the `mpi`
+//! feature, [`mpi`] runs every rank as a process started by `mpirun`.
 //!
 //! Rules every backend keeps:
 //! - no call blocks forever: each has a timeout, and a rank that panics,
@@ -18,8 +21,11 @@
 //! - reductions are deterministic: every rank receives bitwise the same result.
 
 mod call;
+mod comm_thread;
+mod completion;
 mod error;
 mod launch;
+mod link;
 mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -36,6 +42,7 @@ use tch::Tensor;
 
 pub use error::{cause_in_words, panic_in_words, torch_error, DistError};
 pub use launch::{LaunchEnv, Launcher};
+pub use link::SimulatedLink;
 pub use local::LocalProcessGroup;
 pub use spawn::{
     parse_timeout_secs, spawn, spawn_with, timeout_from_env, RankFailure, SpawnError, SpawnOptions,

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::local::LocalProcessGroup;
 use super::world::World;
-use super::{Group, DEFAULT_TIMEOUT};
+use super::{Group, SimulatedLink, DEFAULT_TIMEOUT};
 
 /// Settings for [`spawn_with`].
 #[derive(Clone, Debug)]
@@ -32,6 +32,7 @@ pub struct SpawnOptions {
     timeout: Option<Duration>,
     /// Fault injection for tests: the operating system "refuses" this rank's thread.
     refuse_thread_of_rank: Option<usize>,
+    link: Option<SimulatedLink>,
 }
 
 impl SpawnOptions {
@@ -40,12 +41,19 @@ impl SpawnOptions {
     /// makes [`spawn_with`] return [`SpawnError::InvalidTimeout`], before any
     /// rank starts: a typo should not silently mean the default.
     pub fn new(world_size: usize) -> Self {
-        SpawnOptions { world_size, timeout: None, refuse_thread_of_rank: None }
+        SpawnOptions { world_size, timeout: None, refuse_thread_of_rank: None, link: None }
     }
 
     /// Every call waits at most `timeout` (which must not be zero).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Every all-reduce takes at least as long as it would on `link` (see
+    /// [`SimulatedLink`]): a network on a laptop, to see what overlap hides.
+    pub fn link(mut self, link: SimulatedLink) -> Self {
+        self.link = Some(link);
         self
     }
 
@@ -186,7 +194,7 @@ where
         return Err(SpawnError::NoRanks(size));
     }
     let timeout = options.resolved_timeout()?;
-    let world = Arc::new(World::new(size, timeout, String::new()));
+    let world = Arc::new(World::new(size, timeout, options.link));
     let failures = Mutex::new(Vec::new());
     let (results, refused) = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(size);

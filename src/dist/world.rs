@@ -59,19 +59,26 @@ pub(crate) struct World {
     pub timeout: Duration,
     /// Appended to call names in errors: "" or " of sub-group [2, 3]".
     pub label: String,
+    /// How long each all-reduce takes at least (`SpawnOptions::link`).
+    pub link: Option<super::SimulatedLink>,
     state: Mutex<State>,
     pub(super) changed: Condvar,
 }
 
 impl World {
-    pub fn new(size: usize, timeout: Duration, label: String) -> Self {
-        Self::with_global_ranks((0..size).collect(), timeout, label)
+    pub fn new(size: usize, timeout: Duration, link: Option<super::SimulatedLink>) -> Self {
+        Self::with_global_ranks((0..size).collect(), timeout, String::new(), link)
     }
 
-    fn with_global_ranks(global: Vec<usize>, timeout: Duration, label: String) -> Self {
+    fn with_global_ranks(
+        global: Vec<usize>,
+        timeout: Duration,
+        label: String,
+        link: Option<super::SimulatedLink>,
+    ) -> Self {
         let size = global.len();
         let state = State { gone: vec![None; size], ..State::default() };
-        World { size, global, timeout, label, state: Mutex::new(state), changed: Condvar::new() }
+        World { size, global, timeout, label, link, state: Mutex::new(state), changed: Condvar::new() }
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
@@ -324,7 +331,7 @@ impl World {
         let entry = state.sub_groups.entry(key).or_insert_with(|| {
             let global: Vec<usize> = members.iter().map(|&m| self.global[m]).collect();
             let label = format!(" of sub-group {global:?}");
-            let world = Arc::new(World::with_global_ranks(global, self.timeout, label));
+            let world = Arc::new(World::with_global_ranks(global, self.timeout, label, self.link));
             SubGroup { members: members.to_vec(), world }
         });
         entry.world.clone()

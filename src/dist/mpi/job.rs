@@ -4,7 +4,7 @@
 //! `cargo test --features mpi --test mpi`.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tch::Tensor;
@@ -51,36 +51,7 @@ pub(crate) enum Reply {
 }
 
 /// Where the communication thread leaves a call's result for its caller.
-#[derive(Default)]
-pub(crate) struct Done {
-    result: Mutex<Option<Result<Reply, DistError>>>,
-    ready: Condvar,
-}
-
-impl Done {
-    pub fn set(&self, result: Result<Reply, DistError>) {
-        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
-        self.ready.notify_all();
-    }
-
-    /// Waits for the result. The engine enforces the call's deadline; the
-    /// `backstop` only guards against a communication thread that died.
-    pub fn wait(&self, backstop: Duration, rank: usize, op: &str) -> Result<Reply, DistError> {
-        let deadline = Instant::now() + backstop;
-        let mut result = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(result) = result.take() {
-                return result;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                let cause = "the MPI communication thread stopped answering".to_string();
-                return Err(DistError::Broken { rank, op: op.to_string(), cause });
-            }
-            result = self.ready.wait_timeout(result, left).unwrap_or_else(|p| p.into_inner()).0;
-        }
-    }
-}
+pub(crate) type Done = crate::dist::completion::Completion<Reply>;
 
 /// A job on the communication thread, with its requests in flight. Buffers
 /// live here until every request that reads or writes them has completed.

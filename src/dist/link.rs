@@ -1,0 +1,34 @@
+//! A simulated network link for the in-process backend: every all-reduce
+//! takes at least as long as the α–β model of chapter 5 says it would on a
+//! real network, `α + 2(N − 1)/N · n / β` for n bytes on N ranks. Ranks on
+//! one machine share memory, and their all-reduce is nearly free; with a
+//! link, a laptop shows what overlapping communication with backward hides
+//! on a cluster. Turn it on with `SpawnOptions::link`.
+//!
+//! Tested by `cargo test --test dist` (`link.rs`).
+
+use std::time::Duration;
+
+/// A latency (α, per call) and a bandwidth (β).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimulatedLink {
+    pub latency: Duration,
+    pub bytes_per_second: f64,
+}
+
+impl SimulatedLink {
+    /// A link of `latency` and `gbit_per_second` (10 for 10 Gbit/s Ethernet).
+    pub fn new(latency: Duration, gbit_per_second: f64) -> Self {
+        SimulatedLink { latency, bytes_per_second: gbit_per_second * 1e9 / 8.0 }
+    }
+
+    /// How long a ring all-reduce of `bytes` on `ranks` ranks takes on this
+    /// link: nothing moves on one rank.
+    pub fn all_reduce_time(&self, bytes: u64, ranks: usize) -> Duration {
+        if ranks <= 1 {
+            return Duration::ZERO;
+        }
+        let moved = 2.0 * (ranks - 1) as f64 / ranks as f64 * bytes as f64;
+        self.latency + Duration::from_secs_f64(moved / self.bytes_per_second)
+    }
+}
