@@ -38,7 +38,7 @@ impl GradientBuckets {
     /// Makes bucket `index`'s gradients views of its slots: a gradient not
     /// yet one is copied into its slot and pointed at it; a missing one gets
     /// zeros in its slot, so that every rank sends the same buffer.
-    fn attach(
+    pub(super) fn attach(
         &self,
         pg: &dyn ProcessGroup,
         index: usize,
@@ -64,6 +64,21 @@ impl GradientBuckets {
             offset += numel;
         }
         Ok(())
+    }
+
+    /// Parameter `index`'s slot in its bucket: `[numel]`, a view.
+    pub fn slot(&self, index: usize, params: &[(String, Tensor)]) -> Tensor {
+        for (bucket, buffer) in self.layout.iter().zip(&self.buffers) {
+            let mut offset = 0;
+            for &member in &bucket.params {
+                let numel = params[member].1.numel() as i64;
+                if member == index {
+                    return buffer.narrow(0, offset, numel);
+                }
+                offset += numel;
+            }
+        }
+        panic!("parameter {index} is in no bucket: the layout was checked to hold every parameter");
     }
 
     /// Each bucket's members (indices into the parameters, in buffer order)

@@ -38,6 +38,7 @@ mod bucketed;
 mod layout;
 pub mod naive;
 mod no_sync;
+mod overlap;
 mod replicas;
 mod replicated;
 mod sampler;
@@ -51,6 +52,7 @@ pub use layout::{
     DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
 };
 pub use no_sync::{BeginNoSync, NoSyncGuard, SyncSwitch};
+pub use overlap::OverlappedBuckets;
 pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, Named, ReplicaCheck};
 pub use replicated::Replicated;
 pub use sampler::{

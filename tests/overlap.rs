@@ -1,0 +1,169 @@
+//! Buckets that leave during backward (`ddp::OverlappedBuckets`): the
+//! overlapped sync equals the bucketed sync bitwise and one process within
+//! TOLERANCE, buckets leave in order and the first before backward ends, a
+//! parameter without a gradient fails on every rank by name (or is averaged
+//! in with `find_unused_parameters`), and an unarmed backward sends nothing.
+//!
+//! Run: cargo test --test overlap
+
+mod common;
+
+use std::time::Instant;
+
+use common::{
+    global_batches, mlp_with_an_unused_parameter, mse, run, train_single_process, Optim, TOLERANCE,
+};
+use ddp_workbook::check::{compare_to_reference, snapshot};
+use ddp_workbook::data::Regression;
+use ddp_workbook::ddp::{BucketCaps, GradientBuckets, OverlappedBuckets};
+use ddp_workbook::dist::{tagged, Group};
+use ddp_workbook::models::{named_parameters, Mlp};
+use ddp_workbook::tch::nn::{Module, VarStore};
+use ddp_workbook::tch::Kind;
+
+const SIZES: &[i64] = &[4, 32, 32, 1];
+const GLOBAL_BATCH: i64 = 12;
+const STEPS: usize = 3;
+const CAPS: BucketCaps = BucketCaps { cap_bytes: 4096, first_cap_bytes: 512 };
+
+fn mlp() -> (VarStore, Mlp) {
+    Mlp::seeded(5, SIZES, Kind::Double)
+}
+
+fn data() -> Regression {
+    Regression::new(6, GLOBAL_BATCH * STEPS as i64, 4, 1, Kind::Double)
+}
+
+/// Trains STEPS steps on this rank's rows, syncing either overlapped or with
+/// the chapter-5 bucketed sync after backward; the parameters after each step.
+fn train(
+    pg: Group,
+    overlapped: bool,
+    build: fn() -> (VarStore, Mlp),
+    find_unused: bool,
+) -> anyhow::Result<Vec<common::Named>> {
+    let (vs, model) = build();
+    let params = named_parameters(&vs);
+    let mut optimizer = Optim::Adam.build(&vs)?;
+    let buckets = GradientBuckets::plan(pg.as_ref(), &params, CAPS)?;
+    anyhow::ensure!(buckets.layout().len() >= 3, "the test wants several buckets");
+    let (rows, rank) = (GLOBAL_BATCH / pg.world_size() as i64, pg.rank() as i64);
+    let mut after = vec![];
+    if overlapped {
+        let overlap = OverlappedBuckets::new(pg.clone(), &params, buckets)?;
+        for step in 0..STEPS as i64 {
+            let (x, y) = data().batch(step * GLOBAL_BATCH + rank * rows, rows);
+            optimizer.zero_grad();
+            overlap.arm(format!("step {step}"));
+            mse(&model.forward(&x), &y).backward();
+            overlap.finish(find_unused)?;
+            optimizer.step();
+            after.push(snapshot(&params));
+        }
+    } else {
+        for step in 0..STEPS as i64 {
+            let (x, y) = data().batch(step * GLOBAL_BATCH + rank * rows, rows);
+            optimizer.zero_grad();
+            mse(&model.forward(&x), &y).backward();
+            tagged(format!("step {step}"), || buckets.sync(pg.as_ref(), &params))?;
+            optimizer.step();
+            after.push(snapshot(&params));
+        }
+    }
+    Ok(after)
+}
+
+#[test]
+fn the_overlapped_step_equals_the_bucketed_step_bitwise_and_one_process_within_tolerance() {
+    for world_size in [2, 3] {
+        let overlapped = run(world_size, |pg| train(pg, true, mlp, false));
+        let bucketed = run(world_size, |pg| train(pg, false, mlp, false));
+        let reference = train_single_process(mlp, Optim::Adam, &global_batches(&data(), GLOBAL_BATCH, STEPS));
+        for rank in 0..world_size {
+            for step in 0..STEPS {
+                for ((name, a), (_, b)) in overlapped[rank][step].iter().zip(&bucketed[rank][step]) {
+                    assert!(
+                        a.equal(b),
+                        "{world_size} ranks, rank {rank}, step {}: `{name}` differs from the bucketed step",
+                        step + 1
+                    );
+                }
+                compare_to_reference(&overlapped[rank][step], &reference[step].params, TOLERANCE)
+                    .unwrap_or_else(|report| panic!("rank {rank}, step {}: {report}", step + 1));
+            }
+        }
+    }
+}
+
+#[test]
+fn buckets_leave_in_bucket_order_and_the_first_before_backward_ends() {
+    let per_rank = run(2, |pg| {
+        let (vs, model) = mlp();
+        let params = named_parameters(&vs);
+        let buckets = GradientBuckets::plan(pg.as_ref(), &params, CAPS)?;
+        let count = buckets.layout().len();
+        let overlap = OverlappedBuckets::new(pg.clone(), &params, buckets)?;
+        let (x, y) = data().batch(pg.rank() as i64 * 6, 6);
+        overlap.arm("step".into());
+        mse(&model.forward(&x), &y).backward();
+        let backward_ended = Instant::now();
+        overlap.finish(false)?;
+        let (launched, ready_order) = overlap.last_step();
+        Ok((count, launched, backward_ended, ready_order))
+    });
+    for (rank, (count, launched, backward_ended, ready_order)) in per_rank.into_iter().enumerate() {
+        let order: Vec<usize> = launched.iter().map(|(b, _)| *b).collect();
+        assert_eq!(order, (0..count).collect::<Vec<_>>(), "rank {rank}: buckets left in order {order:?}");
+        assert!(
+            launched[0].1 < backward_ended,
+            "rank {rank}: the first bucket left only after backward ended"
+        );
+        assert_eq!(
+            ready_order.first(),
+            Some(&((SIZES.len() - 2) * 2)),
+            "rank {rank}: the last layer's weight is ready first ({ready_order:?})"
+        );
+    }
+}
+
+#[test]
+fn a_parameter_without_a_gradient_fails_on_every_rank_by_name_unless_expected() {
+    let outcomes = ddp_workbook::dist::spawn(2, |pg| {
+        Ok(train(pg, true, || mlp_with_an_unused_parameter(5, SIZES), false).err().map(|e| e.to_string()))
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    for (rank, error) in outcomes.into_iter().enumerate() {
+        let error = error.unwrap_or_else(|| panic!("rank {rank} should have failed"));
+        assert!(
+            error.contains("\"unused\"") && error.contains("find_unused_parameters: true"),
+            "rank {rank}: {error}"
+        );
+    }
+    let expected = run(2, |pg| train(pg, true, || mlp_with_an_unused_parameter(5, SIZES), true));
+    assert_eq!(expected.len(), 2, "with find_unused_parameters the run goes on");
+}
+
+#[test]
+fn an_unarmed_backward_sends_nothing_and_accumulates_locally() {
+    let per_rank = run(2, |pg| {
+        let (vs, model) = mlp();
+        let params = named_parameters(&vs);
+        let buckets = GradientBuckets::plan(pg.as_ref(), &params, CAPS)?;
+        let overlap = OverlappedBuckets::new(pg.clone(), &params, buckets)?;
+        let (x, y) = data().batch(pg.rank() as i64 * 6, 6);
+        let before = pg.stats().all_reduce;
+        mse(&model.forward(&x), &y).backward(); // not armed: no_sync
+        mse(&model.forward(&x), &y).backward();
+        let during = pg.stats().all_reduce - before;
+        let local = params[0].1.grad().copy();
+        overlap.arm("sync".into());
+        mse(&model.forward(&x), &y).backward();
+        overlap.finish(false)?;
+        Ok((during, local, pg.stats().all_reduce - before))
+    });
+    for (rank, (during, _, total)) in per_rank.iter().enumerate() {
+        assert_eq!(*during, 0, "rank {rank}: all-reduces while not armed");
+        assert!(*total > 0, "rank {rank}: the armed backward synced");
+    }
+    assert!(!per_rank[0].1.equal(&per_rank[1].1), "unsynced gradients stay each rank's own");
+}
