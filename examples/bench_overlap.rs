@@ -1,0 +1,152 @@
+//! examples/bench_overlap.rs: what overlapping communication with backward
+//! hides. The tiny GPT on 2 in-process ranks, one micro-batch of 16
+//! sequences per rank, small buckets; the time of forward + backward + sync
+//! with three syncs: naive (one all-reduce per parameter, after backward),
+//! bucketed (one per bucket, after backward) and overlapped (each bucket
+//! leaves during backward, `ddp::OverlappedBuckets`), each without and with
+//! a simulated link (50 µs, 10 Gbit/s by default). Prints the medians and
+//! how much of the bucketed sync's communication time overlap hid.
+//!
+//! Run: cargo run --release --example bench_overlap
+//!      cargo run --release --example bench_overlap -- --steps 40 --latency-us 200 --gbit 1
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use ddp_workbook::data::{masked_cross_entropy, TokenTask};
+use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, OverlappedBuckets};
+use ddp_workbook::dist::{spawn_with, tagged, Group, SimulatedLink, SpawnOptions};
+use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
+use ddp_workbook::tch::nn::Module;
+use ddp_workbook::tch::{self, Kind};
+
+#[path = "support/machine.rs"]
+mod machine;
+use machine::load_average;
+
+#[derive(Parser)]
+#[command(
+    about = "Step time of naive, bucketed and overlapped gradient syncs, with and without a simulated link"
+)]
+struct Args {
+    /// Timed steps per case (the median is reported), after 3 untimed ones.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// The simulated link's latency per all-reduce, in microseconds.
+    #[arg(long, default_value_t = 50.0)]
+    latency_us: f64,
+    /// The simulated link's bandwidth, in Gbit/s.
+    #[arg(long, default_value_t = 10.0)]
+    gbit: f64,
+    /// Bucket cap in KiB (the first bucket gets at most a quarter of it).
+    #[arg(long, default_value_t = 64)]
+    bucket_kib: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Sync {
+    Naive,
+    Bucketed,
+    Overlapped,
+}
+
+/// Rank 0's median step time (forward, backward, sync) for `sync`.
+fn measure(sync: Sync, link: Option<SimulatedLink>, args: &Args) -> anyhow::Result<Duration> {
+    let mut options = SpawnOptions::new(2);
+    if let Some(link) = link {
+        options = options.link(link);
+    }
+    let per_rank = spawn_with(options, |pg: Group| {
+        tch::set_num_threads(1);
+        let task = TokenTask::standard(1, 512);
+        let config =
+            GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
+        let (vs, gpt) = Gpt::seeded(1, &config, Kind::Float);
+        let params = named_parameters(&vs);
+        let cap = args.bucket_kib * 1024;
+        let caps = BucketCaps { cap_bytes: cap, first_cap_bytes: cap / 4 };
+        let buckets = GradientBuckets::plan(pg.as_ref(), &params, caps)?;
+        let overlapped = if sync == Sync::Overlapped {
+            Some(OverlappedBuckets::new(
+                pg.clone(),
+                &params,
+                GradientBuckets::plan(pg.as_ref(), &params, caps)?,
+            )?)
+        } else {
+            None
+        };
+        let mut times = vec![];
+        for step in 0..args.steps + 3 {
+            let (inputs, targets, mask) = task.batch((step * 32 + pg.rank() * 16) as i64 % 480, 16);
+            for (_, p) in &params {
+                let _ = p.grad().defined().then(|| p.grad().zero_());
+            }
+            pg.barrier()?;
+            let started = Instant::now();
+            let tag = format!("step {step}");
+            if let Some(o) = &overlapped {
+                o.arm(tag);
+            }
+            let loss = masked_cross_entropy(&gpt.forward(&inputs), &targets, &mask);
+            loss.backward();
+            match (sync, &overlapped) {
+                (Sync::Naive, _) => tagged(tag_of(step), || naive::sync_gradients(pg.as_ref(), &params))?,
+                (Sync::Bucketed, _) => tagged(tag_of(step), || buckets.sync(pg.as_ref(), &params))?,
+                (Sync::Overlapped, Some(o)) => o.finish(false)?,
+                (Sync::Overlapped, None) => unreachable!(),
+            }
+            if step >= 3 {
+                times.push(started.elapsed());
+            }
+        }
+        times.sort();
+        Ok(times[times.len() / 2])
+    })?;
+    Ok(per_rank[0])
+}
+
+fn tag_of(step: usize) -> String {
+    format!("step {step}")
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.steps > 0 && args.gbit > 0.0 && args.bucket_kib > 0,
+        "--steps, --gbit and --bucket-kib must be positive"
+    );
+    let link = SimulatedLink::new(Duration::from_secs_f64(args.latency_us * 1e-6), args.gbit);
+    let load_before = load_average();
+    println!(
+        "tiny GPT, 2 in-process ranks, 16 sequences per rank, buckets of {} KiB, median of {} steps\n",
+        args.bucket_kib, args.steps
+    );
+    println!(
+        "| sync | no link | link ({} µs, {} Gbit/s) |\n| --- | ---: | ---: |",
+        args.latency_us, args.gbit
+    );
+    let mut rows = vec![];
+    for sync in [Sync::Naive, Sync::Bucketed, Sync::Overlapped] {
+        let (plain, linked) = (measure(sync, None, &args)?, measure(sync, Some(link), &args)?);
+        println!("| {sync:?} | {} | {} |", ms(plain), ms(linked));
+        rows.push((plain, linked));
+    }
+    // What the link adds to each step, against the same sync without it.
+    let ((bucketed, bucketed_link), (overlapped, overlapped_link)) = (rows[1], rows[2]);
+    let communication = bucketed_link.saturating_sub(bucketed);
+    let exposed = overlapped_link.saturating_sub(overlapped);
+    let hidden = 1.0 - exposed.as_secs_f64() / communication.as_secs_f64().max(1e-9);
+    println!(
+        "\nThe link adds {} to the bucketed step and {} to the overlapped one: {:.0}% of the \
+         communication time hidden.",
+        ms(communication),
+        ms(exposed),
+        100.0 * hidden
+    );
+    println!("load average before: {load_before}, after: {}", load_average());
+    Ok(())
+}
