@@ -84,11 +84,7 @@ extern "C" fn grad_ready(context: *mut c_void, index: i64) {
     // removes the hooks before it frees the context.
     let context = unsafe { &*(context as *const HookContext) };
     if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (context.callback)(index as usize))) {
-        let message = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic without a message".into());
+        let message = crate::dist::panic_message(panic.as_ref());
         let mut first = context.panicked.lock().unwrap_or_else(|p| p.into_inner());
         first.get_or_insert(message);
     }

@@ -54,6 +54,19 @@ pub fn panic_in_words(message: &str) -> String {
     }
 }
 
+/// A caught panic's payload as one line of words (see [`panic_in_words`]).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        return "(a panic without a message)".to_string();
+    };
+    // One line: libtorch's C++ stack inside a tch panic says nothing to a user.
+    panic_in_words(&text)
+}
+
 /// What to check when a call times out: a `recv` waits for one sender, a
 /// collective for every rank.
 fn timeout_hint(op: &str, missing: &[usize]) -> String {

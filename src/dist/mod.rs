@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use tch::Tensor;
 
+pub(crate) use error::panic_message;
 pub use error::{cause_in_words, panic_in_words, torch_error, DistError};
 pub use launch::{LaunchEnv, Launcher};
 pub use link::SimulatedLink;

@@ -19,6 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::error::panic_message;
 use super::local::LocalProcessGroup;
 use super::world::World;
 use super::{Group, SimulatedLink, DEFAULT_TIMEOUT};
@@ -266,16 +267,4 @@ where
             None
         }
     }
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    let text = if let Some(s) = payload.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        return "(a panic without a message)".to_string();
-    };
-    // One line: libtorch's C++ stack inside a tch panic says nothing to a user.
-    super::error::panic_in_words(&text)
 }

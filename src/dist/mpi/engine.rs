@@ -277,12 +277,11 @@ impl Engine {
     /// and the communicators break (MPI cannot take the call back).
     fn time_out(&mut self, c: usize, active: Active) -> bool {
         let comm = &self.comms[c];
+        let silent = active.silent_peers();
         let mut missing: Vec<usize> = match &active.job.action {
             Action::Recv { src, .. } => vec![*src],
             Action::Send { dst, .. } => vec![*dst],
-            _ if !active.peer_signatures.is_empty() && !active.silent_peers().is_empty() => {
-                active.silent_peers()
-            }
+            _ if !silent.is_empty() => silent,
             // Everyone arrived (or debug mode is off): the transfer itself stalled.
             _ => (0..comm.global.len()).filter(|&r| r != comm.rank).collect(),
         };
@@ -366,27 +365,20 @@ fn receive_side(active: &mut Active, src: usize, comm: Comm) -> Result<(), Strin
 /// rank names the same two calls.
 fn disagreement(active: &Active, comm: &CommState) -> Option<String> {
     active.job.signature.as_ref()?;
-    let own = (comm.rank, active.own_signature.clone());
-    let mut all: Vec<(usize, Vec<u8>)> =
-        active.peer_signatures.iter().map(|(p, bytes, _)| (*p, bytes.clone())).collect();
-    all.push(own);
+    let mut all: Vec<(usize, &[u8])> =
+        active.peer_signatures.iter().map(|(p, bytes, _)| (*p, bytes.as_slice())).collect();
+    all.push((comm.rank, &active.own_signature));
     all.sort_by_key(|(rank, _)| *rank);
-    let (first_rank, first) = &all[0];
-    let (other, theirs) = all.iter().find(|(_, bytes)| bytes != first)?;
+    let (first_rank, first) = all[0];
+    let (other, theirs) = all.iter().find(|(_, bytes)| *bytes != first)?;
+    // The call's number is in the error's operation ("... (call #3)").
     let words = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let call = active
-        .job
-        .name
-        .split(" (call #")
-        .nth(1)
-        .map(|rest| format!(" as collective call #{}", rest.trim_end_matches(')')));
     Some(format!(
-        "rank {} called {} but rank {} called {}{}",
-        comm.global[*first_rank],
+        "rank {} called {} but rank {} called {}",
+        comm.global[first_rank],
         words(first),
         comm.global[*other],
-        words(theirs),
-        call.unwrap_or_default()
+        words(theirs)
     ))
 }
 

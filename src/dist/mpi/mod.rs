@@ -51,7 +51,8 @@ use mpi::environment::{Threading, Universe};
 
 pub use group::MpiProcessGroup;
 
-use super::{panic_in_words, timeout_from_env, DistError, Group, ProcessGroup};
+use super::error::panic_message;
+use super::{timeout_from_env, DistError, Group, ProcessGroup};
 use engine::{Command, Engine};
 use group::Shared;
 use job::Done;
@@ -202,14 +203,7 @@ pub fn run<T>(body: impl FnOnce(Group) -> anyhow::Result<T>) -> T {
             Err(error) => format!("could not finish: {error}"),
         },
         Ok(Err(error)) => format!("returned an error: {error:#}"),
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("(a panic without a message)");
-            format!("panicked: {}", panic_in_words(message))
-        }
+        Err(panic) => format!("panicked: {}", panic_message(panic.as_ref())),
     };
     eprintln!("rank {rank} of {size} failed, ending the whole job: {failure}");
     ffi::abort(1)
