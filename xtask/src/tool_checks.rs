@@ -242,22 +242,7 @@ pub fn train(ctx: &Context, report: &mut Report) {
     // With the `mpi` feature, so that the `mpi` check reuses this build.
     let mut command = ctx.cargo();
     command.args(["run", "--release", "--features", "mpi", "--example", "train"]);
-    let limit = ctx.limit(CHAPTER_LIMIT);
-    let Some(captured) = run_or_fail(report, "train", command, limit, ctx.log("train.log"), false) else {
-        return;
-    };
-    if captured.finished.success() {
-        let verdict = captured.output.lines().rev().find(|line| line.starts_with("PASS")).unwrap_or("");
-        report.check("train", Outcome::Ok, verdict);
-    } else {
-        process::print_last_lines(&captured.output, 20);
-        let detail = if captured.finished.timed_out {
-            format!("stopped after {}: the training run hangs", describe_limit(CHAPTER_LIMIT))
-        } else {
-            "the default training run missed its target or failed (target/test-logs/train.log)".to_string()
-        };
-        report.check("train", Outcome::Fail, &detail);
-    }
+    training_run(ctx, report, "train", command, "the default training run");
 }
 
 pub fn train_mpi(ctx: &Context, report: &mut Report) {
@@ -277,28 +262,29 @@ pub fn train_mpi(ctx: &Context, report: &mut Report) {
         return report.check("mpi", Outcome::Fail, "the build failed (target/test-logs/mpi-build.log)");
     }
     let mut command = Command::new("bash");
-    command.current_dir(&ctx.root).args([
-        "scripts/launch.sh",
-        "-np",
-        "2",
-        "target/release/examples/train",
-        "--backend",
-        "mpi",
-    ]);
-    let Some(captured) = run_or_fail(report, "mpi", command, limit, ctx.log("mpi.log"), false) else {
+    let launch = ["scripts/launch.sh", "-np", "2", "target/release/examples/train", "--backend", "mpi"];
+    command.current_dir(&ctx.root).args(launch);
+    training_run(ctx, report, "mpi", command, "the training run on 2 MPI processes");
+}
+
+/// Runs a training command and reports check `name`: its PASS line, or why
+/// it failed (`what` names the run in the message), its log in `NAME.log`.
+fn training_run(ctx: &Context, report: &mut Report, name: &str, command: Command, what: &str) {
+    let log = format!("{name}.log");
+    let limit = ctx.limit(CHAPTER_LIMIT);
+    let Some(captured) = run_or_fail(report, name, command, limit, ctx.log(&log), false) else {
         return;
     };
     if captured.finished.success() {
         let verdict = captured.output.lines().rev().find(|line| line.starts_with("PASS")).unwrap_or("");
-        report.check("mpi", Outcome::Ok, verdict);
+        report.check(name, Outcome::Ok, verdict);
     } else {
         process::print_last_lines(&captured.output, 30);
         let detail = if captured.finished.timed_out {
-            format!("stopped after {}: the MPI training run hangs", describe_limit(CHAPTER_LIMIT))
+            format!("stopped after {}: {what} hangs", describe_limit(CHAPTER_LIMIT))
         } else {
-            "the training run on 2 MPI processes missed its target or failed (target/test-logs/mpi.log)"
-                .to_string()
+            format!("{what} missed its target or failed (target/test-logs/{log})")
         };
-        report.check("mpi", Outcome::Fail, &detail);
+        report.check(name, Outcome::Fail, &detail);
     }
 }
