@@ -1,6 +1,6 @@
 //! examples/bench_overlap.rs: what overlapping communication with backward
 //! hides. The tiny GPT on 2 in-process ranks, one micro-batch of 16
-//! sequences per rank, small buckets; the time of forward + backward + sync
+//! sequences per rank, small buckets (32 KiB); the time of forward + backward + sync
 //! with three syncs: naive (one all-reduce per parameter, after backward),
 //! bucketed (one per bucket, after backward) and overlapped (each bucket
 //! leaves during backward, `ddp::OverlappedBuckets`), each without and with
@@ -8,7 +8,7 @@
 //! how much of the bucketed sync's communication time overlap hid.
 //!
 //! Run: cargo run --release --example bench_overlap
-//!      cargo run --release --example bench_overlap -- --steps 40 --latency-us 200 --gbit 1
+//!      cargo run --release --example bench_overlap -- --steps 40 --latency-us 200 --gbit 1 --timeline
 
 use std::time::{Duration, Instant};
 
@@ -39,8 +39,11 @@ struct Args {
     #[arg(long, default_value_t = 10.0)]
     gbit: f64,
     /// Bucket cap in KiB (the first bucket gets at most a quarter of it).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 32)]
     bucket_kib: usize,
+    /// Also print when each bucket left in the last overlapped step.
+    #[arg(long)]
+    timeline: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -51,7 +54,11 @@ enum Sync {
 }
 
 /// Rank 0's median step time (forward, backward, sync) for `sync`.
-fn measure(sync: Sync, link: Option<SimulatedLink>, args: &Args) -> anyhow::Result<Duration> {
+fn measure(
+    sync: Sync,
+    link: Option<SimulatedLink>,
+    args: &Args,
+) -> anyhow::Result<(Duration, Option<String>)> {
     let mut options = SpawnOptions::new(2);
     if let Some(link) = link {
         options = options.link(link);
@@ -75,7 +82,7 @@ fn measure(sync: Sync, link: Option<SimulatedLink>, args: &Args) -> anyhow::Resu
         } else {
             None
         };
-        let mut times = vec![];
+        let (mut times, mut timeline) = (vec![], None);
         for step in 0..args.steps + 3 {
             let (inputs, targets, mask) = task.batch((step * 32 + pg.rank() * 16) as i64 % 480, 16);
             for (_, p) in &params {
@@ -92,7 +99,12 @@ fn measure(sync: Sync, link: Option<SimulatedLink>, args: &Args) -> anyhow::Resu
             match (sync, &overlapped) {
                 (Sync::Naive, _) => tagged(tag_of(step), || naive::sync_gradients(pg.as_ref(), &params))?,
                 (Sync::Bucketed, _) => tagged(tag_of(step), || buckets.sync(pg.as_ref(), &params))?,
-                (Sync::Overlapped, Some(o)) => o.finish(false)?,
+                (Sync::Overlapped, Some(o)) => {
+                    o.finish(false)?;
+                    if args.timeline && pg.rank() == 0 && link.is_some() && step == args.steps + 2 {
+                        timeline = Some(timeline_of(o, started));
+                    }
+                }
                 (Sync::Overlapped, None) => unreachable!(),
             }
             if step >= 3 {
@@ -100,9 +112,28 @@ fn measure(sync: Sync, link: Option<SimulatedLink>, args: &Args) -> anyhow::Resu
             }
         }
         times.sort();
-        Ok(times[times.len() / 2])
+        Ok((times[times.len() / 2], timeline))
     })?;
-    Ok(per_rank[0])
+    Ok(per_rank.into_iter().next().expect("rank 0"))
+}
+
+/// When each bucket left in the last step, from the step's start and against
+/// the end of backward, with its size: a Markdown table.
+fn timeline_of(overlapped: &OverlappedBuckets, started: Instant) -> String {
+    let record = overlapped.last_step();
+    let layout = overlapped.layout();
+    let since_start = |at: Instant| at.duration_since(started).as_secs_f64() * 1e3;
+    let ended = since_start(record.backward_ended.expect("a synced step"));
+    let mut table = format!(
+        "Rank 0's last overlapped step with the link: forward + backward took {ended:.2} ms.\n\n\
+         | bucket | bytes | left at | before backward ended | gradients ready |\n| ---: | ---: | ---: | ---: | ---: |\n"
+    );
+    for launch in &record.launches {
+        let (bytes, at) = (layout[launch.bucket].bytes(), since_start(launch.at));
+        let ready = launch.gradients_ready;
+        table += &format!("| {} | {bytes} | {at:.2} ms | {:.2} ms | {ready} |\n", launch.bucket, ended - at);
+    }
+    table
 }
 
 fn tag_of(step: usize) -> String {
@@ -129,11 +160,12 @@ fn main() -> anyhow::Result<()> {
         "| sync | no link | link ({} µs, {} Gbit/s) |\n| --- | ---: | ---: |",
         args.latency_us, args.gbit
     );
-    let mut rows = vec![];
+    let (mut rows, mut timeline) = (vec![], None);
     for sync in [Sync::Naive, Sync::Bucketed, Sync::Overlapped] {
-        let (plain, linked) = (measure(sync, None, &args)?, measure(sync, Some(link), &args)?);
+        let ((plain, _), (linked, shown)) = (measure(sync, None, &args)?, measure(sync, Some(link), &args)?);
         println!("| {sync:?} | {} | {} |", ms(plain), ms(linked));
         rows.push((plain, linked));
+        timeline = timeline.or(shown);
     }
     // What the link adds to each step, against the same sync without it.
     let ((bucketed, bucketed_link), (overlapped, overlapped_link)) = (rows[1], rows[2]);
@@ -147,6 +179,9 @@ fn main() -> anyhow::Result<()> {
         ms(exposed),
         100.0 * hidden
     );
+    if let Some(timeline) = timeline {
+        println!("\n{timeline}");
+    }
     println!("load average before: {load_before}, after: {}", load_average());
     Ok(())
 }

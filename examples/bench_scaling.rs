@@ -2,7 +2,7 @@
 //! same global batch (64 sequences per step), in alternating rounds: tokens
 //! per second, the speed against one rank, and where a step's time goes
 //! (data, forward, backward, gradient sync, optimizer). Prints two Markdown
-//! tables; chapter 7 explains them.
+//! tables; chapter 8 explains them.
 //!
 //! Run: cargo run --release --example bench_scaling
 //!      cargo run --release --example bench_scaling -- --rounds 5 --steps 300

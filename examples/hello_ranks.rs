@@ -1,5 +1,5 @@
 //! examples/hello_ranks.rs: four ranks meet in three collectives. Run it: cargo run --example hello_ranks
-//! As processes (chapter 8): cargo build --features mpi --example hello_ranks &&
+//! As processes (chapter 9): cargo build --features mpi --example hello_ranks &&
 //!     scripts/launch.sh -np 4 target/debug/examples/hello_ranks --backend mpi
 //!
 //! The smallest program on chapter 1's process-group layer. `spawn` starts

@@ -1,5 +1,5 @@
 //! The real training run: the tiny GPT learns to sort sequences on several
-//! in-process ranks with the chapter-6 DDP wrapper, until its accuracy on
+//! in-process ranks with the chapter-7 DDP wrapper, until its accuracy on
 //! held-out sequences passes a target.
 //!
 //! Run it:   cargo run --release --example train

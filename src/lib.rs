@@ -30,6 +30,7 @@ pub mod ch02_replicas;
 pub mod ch03_averaging;
 pub mod ch04_accumulation;
 pub mod ch05_bucketing;
-pub mod ch06_sharding;
+pub mod ch06_overlap;
+pub mod ch07_sharding;
 pub mod notebook;
 pub mod train;

@@ -1,26 +1,21 @@
-//! Chapter 06 tests: sharding the data, and the whole DDP loop.
+//! Chapter 06 tests: overlapping communication with backward. The buckets
+//! that leave during backward must give bitwise the same training as chapter
+//! 5's buckets that leave after it, and one process on the global batch
+//! within TOLERANCE; they must leave in bucket order, the first before
+//! backward ends; a parameter without a gradient must fail every rank by
+//! name (or be averaged in with `find_unused_parameters`); `no_sync` must
+//! still send nothing.
 //!
 //! Your code:           `cargo test --test chapter_06`
 //! The reference code:  `cargo test --features solutions --test chapter_06`
-//! See the measured numbers: add `-- --nocapture`
 //!
-//! Two files, one test binary:
-//! - `chapter_06/sampler.rs`: the `DistributedSampler` alone: equal counts,
-//!   disjoint shards that cover the data set, the padding and the stride, a
-//!   new order every epoch and the same one on every rank, bad input;
-//! - `chapter_06/training.rs`: the chapter-6 `SimpleDistributedDataParallelism`
-//!   trained with the sampler, accumulation and small buckets on 2 and 3
-//!   ranks, against one process on the global batch the shards form, and the
-//!   checkpoint rank 0 writes;
-//! - `chapter_06/controls.rs`: the negative controls: every rank on the same
-//!   shard, no `set_epoch`, unequal shards.
+//! Two modules, one test binary: `chapter_06/steps.rs` tries each of your
+//! three functions alone; `chapter_06/training.rs` trains with all three.
 
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
 mod common;
-#[path = "chapter_06/controls.rs"]
-mod controls;
-#[path = "chapter_06/sampler.rs"]
-mod sampler;
+#[path = "chapter_06/steps.rs"]
+mod steps;
 #[path = "chapter_06/training.rs"]
 mod training;

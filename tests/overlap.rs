@@ -2,11 +2,15 @@
 //! overlapped sync equals the bucketed sync bitwise and one process within
 //! TOLERANCE, buckets leave in order and the first before backward ends, a
 //! parameter without a gradient fails on every rank by name (or is averaged
-//! in with `find_unused_parameters`), and an unarmed backward sends nothing.
+//! in with `find_unused_parameters`), an unarmed backward sends nothing, and
+//! a model used in another order than it was registered in gets its buckets
+//! re-planned after the first step, the same on every rank.
 //!
 //! Run: cargo test --test overlap
 
 mod common;
+#[path = "overlap/replan.rs"]
+mod replan;
 
 use std::time::Instant;
 
@@ -108,20 +112,21 @@ fn buckets_leave_in_bucket_order_and_the_first_before_backward_ends() {
         mse(&model.forward(&x), &y).backward();
         let backward_ended = Instant::now();
         overlap.finish(false)?;
-        let (launched, ready_order) = overlap.last_step();
-        Ok((count, launched, backward_ended, ready_order))
+        let record = overlap.last_step();
+        Ok((count, record, backward_ended))
     });
-    for (rank, (count, launched, backward_ended, ready_order)) in per_rank.into_iter().enumerate() {
-        let order: Vec<usize> = launched.iter().map(|(b, _)| *b).collect();
+    for (rank, (count, record, backward_ended)) in per_rank.into_iter().enumerate() {
+        let order: Vec<usize> = record.launches.iter().map(|l| l.bucket).collect();
         assert_eq!(order, (0..count).collect::<Vec<_>>(), "rank {rank}: buckets left in order {order:?}");
         assert!(
-            launched[0].1 < backward_ended,
+            record.launches[0].at < backward_ended,
             "rank {rank}: the first bucket left only after backward ended"
         );
         assert_eq!(
-            ready_order.first(),
+            record.ready_order.first(),
             Some(&((SIZES.len() - 2) * 2)),
-            "rank {rank}: the last layer's weight is ready first ({ready_order:?})"
+            "rank {rank}: the last layer's weight is ready first ({:?})",
+            record.ready_order
         );
     }
 }

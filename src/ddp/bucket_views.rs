@@ -11,6 +11,7 @@
 use tch::Tensor;
 
 use super::bucketed::{check_missing_gradients, GradientBuckets};
+use super::overlap_steps::attach_bucket;
 use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp};
 
 impl GradientBuckets {
@@ -22,7 +23,7 @@ impl GradientBuckets {
             let mut buffer = buffer.shallow_clone();
             tagged(format!("bucket {index}"), || {
                 tch::no_grad(|| -> Result<(), DistError> {
-                    self.attach(pg, index, params)?;
+                    attach_bucket(pg, bucket, &buffer, params)?;
                     pg.all_reduce(&mut buffer, ReduceOp::Sum)?;
                     let _ = buffer
                         .f_div_scalar_(pg.world_size() as f64)
@@ -31,37 +32,6 @@ impl GradientBuckets {
                 })
             })?;
             check_missing_gradients(pg, bucket, &buffer, params)?;
-        }
-        Ok(())
-    }
-
-    /// Makes bucket `index`'s gradients views of its slots: a gradient not
-    /// yet one is copied into its slot and pointed at it; a missing one gets
-    /// zeros in its slot, so that every rank sends the same buffer.
-    pub(super) fn attach(
-        &self,
-        pg: &dyn ProcessGroup,
-        index: usize,
-        params: &[(String, Tensor)],
-    ) -> Result<(), DistError> {
-        let mut offset = 0;
-        for &member in &self.layout[index].params {
-            let (name, param) = &params[member];
-            let numel = param.numel() as i64;
-            let mut slot = self.buffers[index].narrow(0, offset, numel); // [numel], a view of the bucket
-            let mut grad = param.grad();
-            let placed = if !grad.defined() {
-                slot.f_zero_().map(|_| ())
-            } else if grad.data_ptr() != slot.data_ptr() {
-                grad.f_reshape([-1])
-                    .and_then(|values| slot.f_copy_(&values))
-                    .and_then(|()| slot.f_view(param.size().as_slice()))
-                    .and_then(|view| grad.f_set_data(&view))
-            } else {
-                Ok(()) // already a view: backward wrote into the slot
-            };
-            placed.map_err(torch_error(pg, format!("placing the gradient of `{name}` in its bucket")))?;
-            offset += numel;
         }
         Ok(())
     }

@@ -57,6 +57,8 @@ pub type SyncBucket =
 pub struct GradientBuckets {
     pub(super) layout: Vec<Bucket>,
     pub(super) buffers: Vec<Tensor>,
+    /// The caps it was planned with, kept for a re-plan (`replan.rs`).
+    pub(super) caps: BucketCaps,
 }
 
 impl GradientBuckets {
@@ -102,7 +104,7 @@ impl GradientBuckets {
         layout::check_plan(&metas, &layout).map_err(BucketingError::BadPlan)?;
         check_same_layout(pg, caps, &layout)?;
         let buffers = layout.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
-        Ok(GradientBuckets { layout, buffers })
+        Ok(GradientBuckets { layout, buffers, caps })
     }
 
     /// Averages every gradient over all ranks, one all-reduce per bucket, in

@@ -11,9 +11,13 @@
 //! | batch arithmetic: [`micro_batch_size`], [`split_micro_batches`] | `batch.rs` | 4 |
 //! | bucket layouts: [`plan_buckets`], [`Bucket`], [`BucketCaps`] | `layout.rs` | 5 |
 //! | the bucketed sync: [`GradientBuckets`], [`sync_bucket`] | `bucketed.rs` | 5 |
-//! | the sampler: [`DistributedSampler`], [`epoch_shard`], [`shard_indices`] | `sampler.rs` | 6 |
-//! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 6 |
-//! | one optimizer step with accumulation: [`train_step`] | `step.rs` | 6 |
+//! | the sampler: [`DistributedSampler`], [`epoch_shard`], [`shard_indices`] | `sampler.rs` | 7 |
+//! | buckets that leave during backward: [`OverlappedBuckets`] | `overlap.rs` | 6 |
+//! | its three steps: [`mark_ready`], [`launch_bucket`], [`finish_bucket`] | `overlap_steps.rs` | 6 |
+//! | buckets re-planned from the observed order: [`agree_on_order`] | `replan.rs` | 6 |
+//! | the unused-parameter check at the end of backward | `unused.rs` | 6 |
+//! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 7 |
+//! | one optimizer step with accumulation: [`train_step`] | `step.rs` | 7 |
 //!
 //! ```no_run
 //! use ddp_workbook::ddp::SimpleDistributedDataParallelism;
@@ -39,10 +43,13 @@ mod layout;
 pub mod naive;
 mod no_sync;
 mod overlap;
+mod overlap_steps;
+mod replan;
 mod replicas;
 mod replicated;
 mod sampler;
 mod step;
+mod unused;
 mod wrapper;
 
 pub use batch::{check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError};
@@ -52,7 +59,12 @@ pub use layout::{
     DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
 };
 pub use no_sync::{BeginNoSync, NoSyncGuard, SyncSwitch};
-pub use overlap::OverlappedBuckets;
+pub use overlap::{Launch, OverlappedBuckets, StepRecord};
+pub use overlap_steps::{
+    finish_bucket, launch_bucket, mark_ready, BucketProgress, FinishBucket, LaunchBucket, MarkReady,
+    OverlapSteps,
+};
+pub use replan::agree_on_order;
 pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, Named, ReplicaCheck};
 pub use replicated::Replicated;
 pub use sampler::{

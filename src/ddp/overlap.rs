@@ -2,23 +2,27 @@
 //! hook on every parameter marks it; when a bucket's last member is ready,
 //! and every bucket before it has left, its asynchronous all-reduce starts
 //! while backward goes on computing the earlier layers. After backward,
-//! [`OverlappedBuckets::finish`] waits for them all and divides. Gradients
-//! are views of their buckets (see `bucket_views.rs`): nothing is copied.
+//! [`OverlappedBuckets::finish`] waits for them all and divides. The three
+//! steps are functions ([`OverlapSteps`]): the library's keep gradients as
+//! views of their buckets; chapter 6 plugs in the learner's.
 //!
-//! Buckets leave in bucket order on every rank, whatever order the hooks
-//! fire in, because collectives pair up by their order. Bucket 0 holds the
-//! last parameters, whose gradients backward computes first.
+//! After the first synced step the buckets are re-planned from the order in
+//! which the gradients became ready (`replan.rs`).
 //!
-//! Tested by `cargo test --test overlap`.
+//! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tch::Tensor;
 
 use super::bucketed::GradientBuckets;
+use super::layout::Bucket;
+use super::overlap_steps::{BucketProgress, OverlapSteps};
+use super::replan::agree_on_order;
+use super::unused::unused_check;
 use crate::autograd::GradReadyHooks;
-use crate::dist::{tagged, torch_error, DistError, Group, ReduceOp, Work};
+use crate::dist::{tagged, DistError, Group, Work};
 
 /// One step's progress, shared by the hooks (on the backward thread) and
 /// the caller.
@@ -26,102 +30,142 @@ struct Progress {
     pg: Group,
     buckets: GradientBuckets,
     params: Vec<(String, Tensor)>,
-    /// For each parameter, its bucket.
-    bucket_of: Vec<usize>,
-    /// Members of each bucket whose gradient is not ready yet.
-    waiting: Vec<usize>,
-    ready: Vec<bool>,
-    /// The next bucket to launch, and the launched ones' handles.
-    next: usize,
-    works: Vec<Work>,
-    /// Off under `no_sync`: the hooks then only let gradients accumulate.
+    steps: OverlapSteps,
+    state: BucketProgress,
+    /// The launched buckets' handles, in launch order.
+    works: Vec<(usize, Work)>,
+    /// Off outside a synced backward (under `no_sync`): the hooks then only
+    /// let gradients accumulate.
     armed: bool,
     /// Names this step's all-reduces (the backward thread may not be the
     /// caller's, so the caller's `tagged` scope does not reach it).
     tag: String,
-    /// When each bucket left in the last synced step, and in which order
-    /// the gradients became ready: what tests and benchmarks look at.
-    launched_at: Vec<(usize, Instant)>,
-    ready_order: Vec<usize>,
-    /// The first error a hook met; reported by `finish`.
+    /// The last synced step as it happened: what tests and benchmarks
+    /// look at.
+    record: StepRecord,
+    /// Whether the buckets are still to be re-planned after a first step.
+    replan_pending: bool,
+    /// The first error met during backward; reported by `finish`.
     error: Option<DistError>,
+    /// Set while a step runs; still set if it panicked, and then the hooks
+    /// stop calling steps until `finish` reports the panic.
+    interrupted: bool,
 }
 
 impl Progress {
-    fn mark_ready(&mut self, index: usize) {
-        if !self.armed || self.ready[index] || self.error.is_some() {
+    /// Marks `index` ready and launches what `mark_ready` says may leave.
+    fn mark(&mut self, index: usize) {
+        if self.error.is_some() || self.interrupted {
             return;
         }
-        self.ready[index] = true;
-        self.ready_order.push(index);
-        self.waiting[self.bucket_of[index]] -= 1;
-        while self.next < self.waiting.len() && self.waiting[self.next] == 0 {
-            if let Err(error) = self.launch(self.next) {
+        if !self.state.ready[index] {
+            self.record.ready_order.push(index);
+        }
+        self.interrupted = true;
+        for b in (self.steps.mark_ready)(&mut self.state, index) {
+            if let Err(error) = self.launch(b) {
                 self.error = Some(error);
-                return;
+                break;
             }
         }
+        self.interrupted = false;
     }
 
-    /// Places bucket `b`'s gradients in its buffer (zeros for a parameter
-    /// without one) and starts its all-reduce.
+    /// Starts bucket `b`'s all-reduce, after checking that it is the next to
+    /// leave: launched out of order, buckets would pair up with the wrong
+    /// buckets of other ranks.
     fn launch(&mut self, b: usize) -> Result<(), DistError> {
-        let pg = self.pg.as_ref();
-        let buffer = self.buckets.buffers[b].shallow_clone();
-        let work = tch::no_grad(|| {
-            self.buckets.attach(pg, b, &self.params)?;
-            tagged(format!("{}, bucket {b}", self.tag), || pg.all_reduce_async(&buffer, ReduceOp::Sum))
+        let expected = self.works.len();
+        if b != expected {
+            let detail = format!(
+                "mark_ready returned bucket {b}, but the next bucket to leave is bucket {expected}: \
+                 buckets must leave one at a time, in bucket order, each once"
+            );
+            return Err(DistError::Invalid { rank: self.pg.rank(), op: "launching a bucket".into(), detail });
+        }
+        let (pg, bucket) = (self.pg.clone(), &self.buckets.layout[b]);
+        let mut buffer = self.buckets.buffers[b].shallow_clone();
+        let work = tagged(format!("{}, bucket {b}", self.tag), || {
+            (self.steps.launch_bucket)(pg.as_ref(), bucket, &mut buffer, &self.params)
         })?;
-        self.works.push(work);
-        self.launched_at.push((b, Instant::now()));
-        self.next += 1;
+        self.works.push((b, work));
+        let gradients_ready = self.record.ready_order.len();
+        self.record.launches.push(Launch { bucket: b, at: Instant::now(), gradients_ready });
         Ok(())
     }
+}
+
+/// One bucket's launch in a synced backward.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub bucket: usize,
+    pub at: Instant,
+    /// How many gradients were ready when it left.
+    pub gradients_ready: usize,
+}
+
+/// What happened in the last synced backward.
+#[derive(Clone, Debug, Default)]
+pub struct StepRecord {
+    /// The buckets, in the order they left.
+    pub launches: Vec<Launch>,
+    /// The parameters, in the order their gradients became ready.
+    pub ready_order: Vec<usize>,
+    /// When backward had returned and the sync's end began.
+    pub backward_ended: Option<Instant>,
 }
 
 /// Gradient buckets whose all-reduces overlap with backward.
 pub struct OverlappedBuckets {
     progress: Arc<Mutex<Progress>>,
-    _hooks: GradReadyHooks,
+    hooks: GradReadyHooks,
 }
 
 impl OverlappedBuckets {
-    /// Hooks every parameter of `params` (planned into `buckets`).
+    /// Hooks every parameter of `params` (planned into `buckets`), with the
+    /// library's steps.
     pub fn new(pg: Group, params: &[(String, Tensor)], buckets: GradientBuckets) -> Result<Self, DistError> {
-        let mut bucket_of = vec![0; params.len()];
-        for (b, bucket) in buckets.layout().iter().enumerate() {
-            bucket.params.iter().for_each(|&p| bucket_of[p] = b);
-        }
-        let waiting = buckets.layout().iter().map(|b| b.params.len()).collect();
+        Self::with_steps(pg, params, buckets, OverlapSteps::default())
+    }
+
+    /// [`new`](Self::new) with other steps (chapter 6: the learner's).
+    pub fn with_steps(
+        pg: Group,
+        params: &[(String, Tensor)],
+        buckets: GradientBuckets,
+        steps: OverlapSteps,
+    ) -> Result<Self, DistError> {
         let progress = Arc::new(Mutex::new(Progress {
             pg: pg.clone(),
+            state: BucketProgress::new(buckets.layout(), params.len()),
             buckets,
             params: params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect(),
-            bucket_of,
-            waiting,
-            ready: vec![false; params.len()],
-            next: 0,
+            steps,
             works: vec![],
             armed: false,
             tag: String::new(),
-            launched_at: vec![],
-            ready_order: vec![],
+            record: StepRecord::default(),
+            replan_pending: true,
             error: None,
+            interrupted: false,
         }));
         let shared = progress.clone();
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
         let hooks = GradReadyHooks::register(&tensors, move |i| {
-            shared.lock().unwrap_or_else(|p| p.into_inner()).mark_ready(i);
+            let mut progress = shared.lock().unwrap_or_else(|p| p.into_inner());
+            if progress.armed {
+                progress.mark(i);
+            }
         })
         .map_err(|e| DistError::Invalid {
             rank: pg.rank(),
             op: "hooking the parameters".into(),
             detail: e.to_string(),
         })?;
-        Ok(OverlappedBuckets { progress, _hooks: hooks })
+        Ok(OverlappedBuckets { progress, hooks })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
+    fn lock(&self) -> MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -131,102 +175,97 @@ impl OverlappedBuckets {
         let mut p = self.lock();
         p.armed = true;
         p.tag = tag;
-        p.launched_at.clear();
-        p.ready_order.clear();
+        p.record = StepRecord::default();
     }
 
     /// After the armed backward pass: launches what has not left (buckets
     /// with a parameter that got no gradient, its slot zero), waits for
     /// every all-reduce, divides by the world size, and checks that every
-    /// rank computed the same parameters' gradients. Names the parameters
-    /// that got none unless `find_unused_parameters`.
+    /// rank computed the same parameters' gradients: names the parameters
+    /// that got none unless `find_unused_parameters`. After the first
+    /// successful call, re-plans the buckets from the observed order.
     pub fn finish(&self, find_unused_parameters: bool) -> Result<(), DistError> {
+        if let Some(message) = self.hooks.take_panic() {
+            let mut p = self.lock();
+            p.armed = false;
+            p.works.clear();
+            p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
+            p.interrupted = false;
+            panic!("{message} (in a gradient-ready hook during backward)");
+        }
         let mut p = self.lock();
         p.armed = false;
+        p.record.backward_ended = Some(Instant::now());
+        let unused = p.state.not_ready();
+        unused.iter().for_each(|&i| p.mark(i)); // their slots are zeros
         let mut result = p.error.take().map_or(Ok(()), Err);
-        while result.is_ok() && p.next < p.waiting.len() {
-            let next = p.next;
-            result = p.launch(next);
+        let (launched, count) = (p.works.len(), p.buckets.layout.len());
+        if result.is_ok() && launched < count {
+            let detail = format!(
+                "every parameter is marked ready, but only {launched} of {count} buckets left: \
+                 mark_ready must return each bucket once its last member is ready"
+            );
+            result = Err(DistError::Invalid { rank: p.pg.rank(), op: "finishing the sync".into(), detail });
         }
-        let works: Vec<Work> = p.works.drain(..).collect();
-        for work in works {
-            let waited = work.wait(); // wait for every one, even after an error
-            result = result.and(waited);
-        }
-        let unused: Vec<usize> = (0..p.ready.len()).filter(|&i| !p.ready[i]).collect();
-        p.ready.iter_mut().for_each(|r| *r = false);
-        let counts: Vec<usize> = p.buckets.layout().iter().map(|b| b.params.len()).collect();
-        p.waiting = counts;
-        p.next = 0;
-        result?;
+        let works: Vec<(usize, Work)> = p.works.drain(..).collect();
         let pg = p.pg.clone();
-        let world = pg.world_size() as f64;
-        for buffer in &p.buckets.buffers {
-            let _ = tch::no_grad(|| buffer.shallow_clone().f_div_scalar_(world))
-                .map_err(torch_error(pg.as_ref(), "dividing a bucket"))?;
+        for (b, work) in works {
+            // Every one is finished, even after an error: the peers wait for it.
+            let mut buffer = p.buckets.buffers[b].shallow_clone();
+            let finished =
+                (p.steps.finish_bucket)(pg.as_ref(), &p.buckets.layout[b], &mut buffer, work, &p.params);
+            result = result.and(finished);
         }
-        unused_check(pg.as_ref(), &p.buckets, &p.params, &unused, find_unused_parameters, &p.tag)
+        p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
+        result?;
+        unused_check(pg.as_ref(), &p.buckets, &p.params, &unused, find_unused_parameters, &p.tag)?;
+        if std::mem::replace(&mut p.replan_pending, false) {
+            let order = agree_on_order(pg.as_ref(), &p.record.ready_order, p.params.len())?;
+            let Progress { buckets, params, .. } = &mut *p;
+            if buckets.replan_in_order(params, &order) {
+                p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
+            }
+        }
+        Ok(())
     }
 
-    /// The buckets in the order they left during the last synced backward,
-    /// with when; and the parameters in the order their gradients were ready.
-    pub fn last_step(&self) -> (Vec<(usize, Instant)>, Vec<usize>) {
+    /// Syncs after a backward pass that ran unarmed: every gradient present
+    /// counts as ready, the buckets leave now, and [`finish`](Self::finish)
+    /// waits for them. For callers that ran `loss.backward()` themselves.
+    pub fn sync_now(&self, tag: String, find_unused_parameters: bool) -> Result<(), DistError> {
+        self.arm(tag);
+        {
+            let mut p = self.lock();
+            let present: Vec<usize> =
+                (0..p.params.len()).filter(|&i| p.params[i].1.grad().defined()).collect();
+            present.into_iter().for_each(|i| p.mark(i));
+        }
+        self.finish(find_unused_parameters)
+    }
+
+    /// The last synced backward, as it happened.
+    pub fn last_step(&self) -> StepRecord {
+        self.lock().record.clone()
+    }
+
+    /// Keeps the first layout: no re-plan after the first step.
+    pub fn keep_layout(&self) {
+        self.lock().replan_pending = false;
+    }
+
+    /// The current layout, in the order the buckets leave.
+    pub fn layout(&self) -> Vec<Bucket> {
+        self.lock().buckets.layout().to_vec()
+    }
+
+    /// The names of each bucket's parameters, in buffer order.
+    pub fn names(&self) -> Vec<Vec<String>> {
         let p = self.lock();
-        (p.launched_at.clone(), p.ready_order.clone())
+        p.buckets.names(&p.params)
     }
-}
 
-/// Every rank learns which parameters got no gradient on some rank, and
-/// which got one on some rank (one small all-reduce of two masks). Unless
-/// unused parameters were expected, every rank fails with the same error,
-/// naming them. When they were, a parameter that this rank did not use but
-/// another did gets the averaged gradient here too, so that every replica
-/// takes the same step.
-fn unused_check(
-    pg: &dyn crate::dist::ProcessGroup,
-    buckets: &GradientBuckets,
-    params: &[(String, Tensor)],
-    unused: &[usize],
-    find_unused_parameters: bool,
-    tag: &str,
-) -> Result<(), DistError> {
-    let n = params.len() as i64;
-    let mut mask = Tensor::zeros([2, n], (tch::Kind::Int, tch::Device::Cpu)); // [unused here, used here]
-    let _ = mask.get(1).fill_(1);
-    for &i in unused {
-        let _ = mask.get(0).get(i as i64).fill_(1);
-        let _ = mask.get(1).get(i as i64).fill_(0);
+    /// Each bucket's members and its buffer (see [`GradientBuckets::flat_groups`]).
+    pub fn flat_groups(&self) -> Vec<(Vec<usize>, Tensor)> {
+        self.lock().buckets.flat_groups()
     }
-    tagged(format!("{tag}, unused parameters"), || pg.all_reduce(&mut mask, ReduceOp::Max))?;
-    let unused_somewhere: Vec<usize> =
-        (0..params.len()).filter(|&i| mask.int64_value(&[0, i as i64]) != 0).collect();
-    if unused_somewhere.is_empty() {
-        return Ok(());
-    }
-    if !find_unused_parameters {
-        let names: Vec<&str> = unused_somewhere.iter().map(|&i| params[i].0.as_str()).collect();
-        let detail = format!(
-            "parameter(s) {names:?} got no gradient in this backward pass on at least one rank. Their \
-             buckets were sent with zeros in their place, so every rank still agrees; but a model \
-             that skips parameters must say so: pass `find_unused_parameters: true` (PyTorch's \
-             find_unused_parameters=True), or use every parameter in the loss"
-        );
-        return Err(DistError::Invalid {
-            rank: pg.rank(),
-            op: "the gradient sync at the end of backward".into(),
-            detail,
-        });
-    }
-    for &i in unused {
-        if mask.int64_value(&[1, i as i64]) != 0 {
-            let (name, param) = &params[i];
-            let averaged = buckets.slot(i, params).view(param.size().as_slice()).copy();
-            crate::autograd::set_grad(param, &averaged).map_err(|e| DistError::Invalid {
-                rank: pg.rank(),
-                op: format!("giving `{name}` the gradient other ranks computed"),
-                detail: e.to_string(),
-            })?;
-        }
-    }
-    Ok(())
 }

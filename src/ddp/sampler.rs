@@ -1,8 +1,8 @@
 //! The distributed sampler: every rank trains on its own, equal part of each
-//! epoch, with the semantics of PyTorch's `DistributedSampler`. Chapter 6 of
+//! epoch, with the semantics of PyTorch's `DistributedSampler`. Chapter 7 of
 //! the book builds [`samples_per_rank`] and [`shard_indices`].
 //!
-//! Tested by `cargo test --test chapter_06`.
+//! Tested by `cargo test --test chapter_07`.
 
 use tch::Tensor;
 

@@ -1,8 +1,8 @@
 //! One optimizer step of the whole DDP loop, with gradient accumulation over
 //! this rank's micro-batches. The training run (`src/train/run.rs`) and the
-//! chapter-6 tests call it once per step.
+//! chapter-7 tests call it once per step.
 //!
-//! Tested by `cargo test --test chapter_06`.
+//! Tested by `cargo test --test chapter_07`.
 
 use tch::nn::{self, Module};
 use tch::Tensor;

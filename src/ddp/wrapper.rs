@@ -1,11 +1,12 @@
 //! The finished DDP wrapper: [`SimpleDistributedDataParallelism`], everything
 //! the chapters built, as the training run uses it. Replicas are checked at
-//! construction, gradients are averaged in buckets by
-//! [`backward`](SimpleDistributedDataParallelism::backward), except inside a
-//! [`no_sync`](SimpleDistributedDataParallelism::no_sync) scope, and a clock
-//! measures the time spent doing so.
+//! construction, gradients are averaged in buckets whose all-reduces leave
+//! during [`backward`](SimpleDistributedDataParallelism::backward), except
+//! inside a [`no_sync`](SimpleDistributedDataParallelism::no_sync) scope,
+//! and a clock measures the time spent waiting for them after backward.
 //!
-//! Tested by `cargo test --test chapter_06` and `cargo test --test train`.
+//! Tested by `cargo test --test chapter_07`, `cargo test --test overlap` and
+//! `cargo test --test train`.
 
 use std::cell::Cell;
 use std::ops::Deref;
@@ -17,24 +18,29 @@ use tch::Tensor;
 use super::bucketed::{BucketingError, GradientBuckets};
 use super::layout::{Bucket, BucketCaps};
 use super::no_sync::{NoSyncGuard, SyncSwitch};
+use super::overlap::{OverlappedBuckets, StepRecord};
 use super::replicated::Replicated;
-use crate::dist::{tagged, DistError, Group};
+use crate::dist::{DistError, Group};
 
 // ANCHOR: wrapper
 /// A model replicated on every rank of a process group, with everything the
 /// chapters built: the replica check (chapter 2), gradients averaged in
-/// buckets (chapters 3 and 5) by `backward` unless a `no_sync` scope is open
-/// (chapter 4), and a clock on the time the sync takes. The replicated
-/// model's accessors (`parameters`, `module`, `rank`, ...) come through
-/// `Deref` from [`Replicated`].
+/// buckets (chapters 3 and 5) that leave during backward (chapter 6) unless
+/// a `no_sync` scope is open (chapter 4), and a clock on the time spent
+/// waiting for them. The replicated model's accessors (`parameters`,
+/// `module`, `rank`, ...) come through `Deref` from [`Replicated`].
 pub struct SimpleDistributedDataParallelism<M: Module> {
     replicated: Replicated<M>,
-    buckets: GradientBuckets,
+    buckets: OverlappedBuckets,
+    /// PyTorch's `find_unused_parameters`: whether a parameter may get no
+    /// gradient in a step (see [`Self::find_unused_parameters`]).
+    find_unused: bool,
     switch: SyncSwitch,
     /// Backward passes since the last sync. It names each sync, so that a
     /// rank that opened `no_sync` where its peers did not is caught at once.
     backwards_since_sync: Cell<u64>,
-    /// Wall time spent in gradient syncs, and how many there were.
+    /// Wall time spent waiting for gradient syncs after backward (the part
+    /// of the communication that did not overlap), and how many there were.
     sync_time: Cell<Duration>,
     syncs: Cell<u64>,
 }
@@ -58,11 +64,14 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         caps: BucketCaps,
     ) -> Result<Self, BucketingError> {
         let replicated = Replicated::new(module, vs, pg)?;
+        let pg = replicated.process_group().clone();
+        let buckets = GradientBuckets::plan(pg.as_ref(), replicated.parameters(), caps)?;
         let buckets =
-            GradientBuckets::plan(replicated.process_group().as_ref(), replicated.parameters(), caps)?;
+            OverlappedBuckets::new(pg, replicated.parameters(), buckets).map_err(BucketingError::Dist)?;
         Ok(SimpleDistributedDataParallelism {
             replicated,
             buckets,
+            find_unused: false,
             switch: SyncSwitch::new(),
             backwards_since_sync: Cell::new(0),
             sync_time: Cell::new(Duration::ZERO),
@@ -72,28 +81,43 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 
     // ANCHOR: backward
     /// Runs `loss.backward()`, which ADDS this loss's gradients to every
-    /// parameter's `.grad`; then, unless a `no_sync` scope is open, averages
-    /// the gradients over all ranks, bucket by bucket.
+    /// parameter's `.grad`. Unless a `no_sync` scope is open, each bucket's
+    /// all-reduce starts as soon as backward has its gradients, and this
+    /// waits for them all and leaves the averages in the gradients.
     pub fn backward(&self, loss: &Tensor) -> Result<(), DistError> {
-        self.backward_local(loss)?; // adds to .grad
         self.backwards_since_sync.set(self.backwards_since_sync.get() + 1);
-        self.switch.sync_if_on(|| self.sync_gradients())
+        if !self.switch.is_on() {
+            return self.backward_local(loss); // accumulate here, send nothing
+        }
+        self.buckets.arm(self.sync_tag());
+        let backward = self.backward_local(loss);
+        let started = Instant::now(); // what is left to wait for is what did not overlap
+        let synced = self.buckets.finish(self.find_unused);
+        self.clock(started);
+        backward.and(synced)
     }
 
     /// Averages every gradient over all ranks, one all-reduce per bucket, and
-    /// adds the wall time it took to [`sync_time`](Self::sync_time). Called
-    /// by `backward`; call it yourself only if you run `loss.backward()`
-    /// yourself.
+    /// adds the wall time it took to [`sync_time`](Self::sync_time). For a
+    /// caller that ran `loss.backward()` itself (nothing overlaps then);
+    /// `backward` syncs on its own.
     pub fn sync_gradients(&self) -> Result<(), DistError> {
         let started = Instant::now();
-        // Every rank must have run as many backward passes since its last
-        // sync; the tag makes the in-process backend compare the counts.
+        let synced = self.buckets.sync_now(self.sync_tag(), self.find_unused);
+        self.clock(started);
+        synced
+    }
+
+    /// Names a sync by the backward passes since the last one: every rank
+    /// must have run as many, and the tag makes the backends compare them.
+    fn sync_tag(&self) -> String {
         let passes = self.backwards_since_sync.replace(0);
-        let tag = format!("gradient sync after {passes} backward pass(es)");
-        tagged(tag, || self.buckets.sync(self.process_group().as_ref(), self.parameters()))?;
+        format!("gradient sync after {passes} backward pass(es)")
+    }
+
+    fn clock(&self, started: Instant) {
         self.sync_time.set(self.sync_time.get() + started.elapsed());
         self.syncs.set(self.syncs.get() + 1);
-        Ok(())
     }
     // ANCHOR_END: backward
 
@@ -111,6 +135,18 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         body()
     }
 
+    /// PyTorch's `find_unused_parameters=True`: a parameter that gets no
+    /// gradient in a step (on some rank, or on all) is not an error; its
+    /// bucket leaves with zeros in its slot at the end of backward, a rank
+    /// that did not use it gets the others' average, and a parameter no
+    /// rank used keeps no gradient (the optimizer skips it). Off by
+    /// default, as in PyTorch: then such a parameter fails the step on
+    /// every rank, by name. Set it the same on every rank.
+    pub fn find_unused_parameters(mut self, on: bool) -> Self {
+        self.find_unused = on;
+        self
+    }
+
     /// Whether the next `backward` will average the gradients.
     pub fn require_backward_grad_sync(&self) -> bool {
         self.switch.is_on()
@@ -123,9 +159,17 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         self.replicated.into_module()
     }
 
-    /// The bucket layout, in the order the buckets are all-reduced.
-    pub fn buckets(&self) -> &[Bucket] {
+    /// The bucket layout, in the order the buckets are all-reduced. After
+    /// the first synced step it follows the order in which the gradients
+    /// became ready (see `replan.rs`).
+    pub fn buckets(&self) -> Vec<Bucket> {
         self.buckets.layout()
+    }
+
+    /// The last synced backward as it happened: when each bucket left, and
+    /// in which order the gradients became ready.
+    pub fn last_step(&self) -> StepRecord {
+        self.buckets.last_step()
     }
 
     /// Each bucket's members and its buffer, where their averaged gradients
@@ -136,13 +180,13 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 
     /// The names of each bucket's parameters, in buffer order.
     pub fn bucket_names(&self) -> Vec<Vec<String>> {
-        self.buckets.names(self.parameters())
+        self.buckets.names()
     }
 
-    /// Wall time spent in gradient syncs since construction (or the last
-    /// [`reset_sync_time`](Self::reset_sync_time)). It includes waiting for
-    /// the slowest rank to arrive, so it measures communication plus load
-    /// imbalance: compare it with the step time to see the share.
+    /// Wall time spent waiting for gradient syncs after backward since
+    /// construction (or the last [`reset_sync_time`](Self::reset_sync_time)):
+    /// the communication that backward did not hide, plus waiting for the
+    /// slowest rank to arrive. Compare it with the step time to see the share.
     pub fn sync_time(&self) -> Duration {
         self.sync_time.get()
     }

@@ -1,5 +1,5 @@
 //! A real training run: the tiny GPT learns the sorting task on several
-//! in-process ranks with the chapter-6 DDP wrapper, logs and checkpoints on
+//! in-process ranks with the chapter-7 DDP wrapper, logs and checkpoints on
 //! rank 0 alone, and can resume exactly where a checkpoint left off.
 //!
 //! Run it:      `cargo run --release --example train` (flags: `-- --help`)
@@ -259,7 +259,7 @@ pub struct RankOutcome {
     /// Rank 0 only: the model on the held-out set after the last step.
     pub evaluation: Option<Evaluation>,
     /// Time in the training steps (checkpoints and evaluation not counted),
-    /// and the part of it spent in gradient syncs (chapter 6's clock).
+    /// and the part of it spent in gradient syncs (chapter 7's clock).
     pub train_time: Duration,
     pub sync_time: Duration,
     /// Input tokens of all ranks per second of `train_time`.

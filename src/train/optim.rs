@@ -102,6 +102,18 @@ impl AdamW {
         AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, params, groups, step: 0 }
     }
 
+    /// Lays the parameters out again in new groups (the DDP wrapper's
+    /// buckets after it re-planned them), keeping every value and moment:
+    /// the next steps are the same, and read the gradients in place again.
+    pub fn regroup(&mut self, layout: Vec<(Vec<usize>, Tensor)>) -> Result<(), String> {
+        let state = self.state();
+        let mut regrouped = AdamW::with_groups(&self.params, self.lr, self.weight_decay, layout);
+        (regrouped.beta1, regrouped.beta2, regrouped.eps) = (self.beta1, self.beta2, self.eps);
+        regrouped.load_state(&state)?;
+        *self = regrouped;
+        Ok(())
+    }
+
     /// Forgets every gradient: the next `backward` starts from nothing.
     pub fn zero_grad(&mut self) {
         for (_, param) in &mut self.params {

@@ -104,6 +104,7 @@ pub fn train_rank(
     // sync and the optimizer copy nothing.
     let mut optimizer =
         AdamW::with_groups(ddp.parameters(), config.lr, config.weight_decay, ddp.flat_groups());
+    let mut planned = ddp.buckets();
     let mut progress = Progress { step: 0, epoch: 0, position: 0 };
     if let Some((path, saved)) = &saved {
         let invalid = |detail| CheckpointError::Invalid { path: path.to_path_buf(), detail };
@@ -148,6 +149,12 @@ pub fn train_rank(
             phases.backward += lap.next(); // the sync inside is taken out at the end
         }
         optimizer.step().with_context(|| format!("rank {rank}: optimizer step {step}"))?;
+        if ddp.buckets() != planned {
+            // The first sync re-planned the buckets from the order backward
+            // produced the gradients: lay the optimizer out like them again.
+            planned = ddp.buckets();
+            optimizer.regroup(ddp.flat_groups()).map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
+        }
         phases.optimizer += lap.next();
         let elapsed = started.elapsed();
         train_time += elapsed;

@@ -1,253 +1,216 @@
-//! Chapter 06 tests, part 2: the whole loop. Compiled into
-//! `cargo test --test chapter_06` (see `tests/chapter_06.rs`).
+//! Chapter 06 tests, part 2: training with all three steps, on the chapter's
+//! `OverlappedDdp`. Compiled into `cargo test --test chapter_06` (see
+//! `tests/chapter_06.rs`).
 //!
-//! Every rank trains the chapter-6 `SimpleDistributedDataParallelism` on its
-//! own shard, in micro-batches of `micro` rows, k = 2 of them per optimizer
-//! step, with buckets small enough to make several. One optimizer step then
-//! sees N × k × micro rows over all ranks: the global batch. The gradient
-//! each rank ends up with is
-//!     (1/N) Σ_ranks Σ_micro-batches (1/k) ∇(mean loss of the micro-batch),
-//! the mean over N·k equal micro-batches of their mean gradients: exactly
-//! ∇(mean loss over the whole global batch). So one process that trains on
-//! those rows, in one batch, must take the same steps, up to the order of
-//! floating-point additions: TOLERANCE below, in f64.
+//! Why bitwise. Your buckets hold the same gradients at the same offsets as
+//! chapter 5's, and the all-reduce adds them element by element in rank
+//! order, whenever it runs; so the two syncs must agree exactly.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
-
-use ddp_workbook::ch06_sharding::{
-    rows, shard, shard_len, train_step, BucketCaps, DistributedSampler, SimpleDistributedDataParallelism,
+use super::common::{
+    global_batches, mlp_with_an_unused_parameter, mse, run, spawn_options, train_single_process, Named,
+    Optim, TOLERANCE,
 };
-use ddp_workbook::check::{compare_replicas, compare_to_reference, max_reference_diff, snapshot};
+use ddp_workbook::ch06_overlap::{BucketCaps, OverlappedDdp};
+use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
-use ddp_workbook::dist::Group;
+use ddp_workbook::ddp::{sync_bucket, GradientBuckets};
+use ddp_workbook::dist::{spawn_with, Group};
 use ddp_workbook::models::{named_parameters, Mlp};
-use ddp_workbook::tch::nn::{self, OptimizerConfig};
+use ddp_workbook::tch::nn::{Module, VarStore};
 use ddp_workbook::tch::{Kind, Tensor};
 
-use crate::common::{mse, run, train_single_process, Named, Optim, Step, TOLERANCE};
+const SIZES: &[i64] = &[4, 32, 32, 1];
+const GLOBAL_BATCH: i64 = 12;
+const STEPS: usize = 3;
+/// Small caps, so that this small MLP gets several buckets.
+const CAPS: BucketCaps = BucketCaps { cap_bytes: 4096, first_cap_bytes: 512 };
 
-pub(super) const SIZES: &[i64] = &[4, 16, 16, 1];
-pub(super) const MODEL_SEED: i64 = 11;
-pub(super) const DATA_SEED: i64 = 12;
-pub(super) const SAMPLER_SEED: u64 = 13;
-/// 23 examples: 12 per rank on 2 ranks and 8 on 3, each padded by one.
-pub(super) const DATASET_LEN: i64 = 23;
-pub(super) const ACCUMULATION_STEPS: usize = 2;
-pub(super) const STEPS_PER_EPOCH: usize = 2;
-pub(super) const EPOCHS: u64 = 2;
-pub(super) const LR: f64 = 0.1;
-/// This 2.8 KiB f64 model gets 4 buckets.
-pub(super) const CAPS: BucketCaps = BucketCaps { cap_bytes: 1024, first_cap_bytes: 128 };
-
-/// How the ranks get their data.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Sharding {
-    /// A DistributedSampler per rank, `set_epoch` every epoch: the real thing.
-    Sampler,
-    /// The bug: every rank builds its sampler as rank 0.
-    EveryRankIsRank0,
-    /// The other bug: `set_epoch` is never called.
-    NoSetEpoch,
+fn mlp() -> (VarStore, Mlp) {
+    Mlp::seeded(5, SIZES, Kind::Double)
 }
 
-pub(super) fn data() -> Regression {
-    Regression::new(DATA_SEED, DATASET_LEN, 4, 1, Kind::Double)
+fn data() -> Regression {
+    Regression::new(6, GLOBAL_BATCH * STEPS as i64, 4, 1, Kind::Double)
 }
 
-pub(super) fn sampler(world_size: usize, rank: usize) -> DistributedSampler {
-    DistributedSampler::new(DATASET_LEN, world_size, rank, true, SAMPLER_SEED, false).expect("valid sampler")
+/// This rank's rows of global batch `step`, cut into `k` micro-batches.
+fn micro_batches(pg: &Group, step: usize, k: i64) -> Vec<(Tensor, Tensor)> {
+    let rows = GLOBAL_BATCH / pg.world_size() as i64 / k;
+    let first = step as i64 * GLOBAL_BATCH + pg.rank() as i64 * rows * k;
+    (0..k).map(|i| data().batch(first + i * rows, rows)).collect()
 }
 
-/// One rank's record of a run.
-#[derive(Default)]
-pub(super) struct RankRun {
-    pub(super) after_each_step: Vec<Named>,
-    /// The indices this rank trained on, per epoch.
-    pub(super) seen: Vec<Vec<i64>>,
-    all_reduces_per_step: Vec<u64>,
-    /// The global batch's loss, per step (all ranks' mean).
-    losses: Vec<f64>,
-    buckets: usize,
-    gradient_syncs: u64,
-    sync_time: Duration,
-    /// Rank 0 only: where it saved the trained model (deleted on drop).
-    checkpoint: Option<PathBuf>,
-}
-
-impl RankRun {
-    fn record_step(&mut self, all_reduces: u64, loss: f64, parameters: &[(String, Tensor)]) {
-        self.all_reduces_per_step.push(all_reduces);
-        self.losses.push(loss);
-        self.after_each_step.push(snapshot(parameters));
-    }
-}
-
-impl Drop for RankRun {
-    fn drop(&mut self) {
-        if let Some(path) = &self.checkpoint {
-            let _ = std::fs::remove_file(path); // a test's leftover; nothing to do if it fails
+/// STEPS steps with YOUR overlapped sync, `k` micro-batches per step (all but
+/// the last under `no_sync`); the parameters after each step, and the
+/// all-reduces of each step's no_sync micro-batches.
+fn train_overlapped(pg: Group, optim: Optim, k: i64) -> anyhow::Result<(Vec<Named>, Vec<u64>)> {
+    let (vs, model) = mlp();
+    let mut optimizer = optim.build(&vs)?;
+    let ddp = OverlappedDdp::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
+    anyhow::ensure!(ddp.buckets().len() >= 3, "the test wants several buckets");
+    let (mut after, mut during_no_sync) = (vec![], vec![]);
+    for step in 0..STEPS {
+        optimizer.zero_grad();
+        let batches = micro_batches(&pg, step, k);
+        let before = pg.stats().all_reduce;
+        for (x, y) in &batches[..batches.len() - 1] {
+            let _no_sync = ddp.no_sync();
+            ddp.backward(&(mse(&ddp.forward(x), y) / k as f64))?;
         }
+        during_no_sync.push(pg.stats().all_reduce - before);
+        let (x, y) = &batches[batches.len() - 1];
+        ddp.backward(&(mse(&ddp.forward(x), y) / k as f64))?;
+        optimizer.step();
+        after.push(snapshot(ddp.parameters()));
     }
+    Ok((after, during_no_sync))
 }
 
-/// A file name of its own for every run, since tests run side by side.
-fn checkpoint_path() -> PathBuf {
-    static RUNS: AtomicUsize = AtomicUsize::new(0);
-    let run = RUNS.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("ddp-workbook-ch06-{}-{run}.safetensors", std::process::id()))
-}
-
-pub(super) fn train_ddp(world_size: usize, sharding: Sharding) -> Vec<RankRun> {
-    run(world_size, |pg: Group| {
-        let data = data();
-        let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
-        let rank = if sharding == Sharding::EveryRankIsRank0 { 0 } else { pg.rank() };
-        let set_epoch = sharding != Sharding::NoSetEpoch;
-        let mut run = RankRun::default();
-        let checkpoint = checkpoint_path();
-        let mut sampler =
-            DistributedSampler::new(DATASET_LEN, pg.world_size(), rank, true, SAMPLER_SEED, false)?;
-        // The real run shards with your code; the negative controls, which
-        // show what a broken sharding does, with the library's, so that they
-        // speak about sharding mistakes and not about your sampler.
-        let yours = sharding == Sharding::Sampler;
-        let shard_of = |s: &DistributedSampler| if yours { shard(s) } else { s.indices() };
-        let per_rank = if yours { shard_len(&sampler) } else { sampler.len() };
-        let micro = per_rank / (ACCUMULATION_STEPS * STEPS_PER_EPOCH); // rows per micro-batch
-        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, CAPS)?;
-        let mut optimizer = nn::Sgd::default().build(&vs, LR)?;
-        for epoch in 0..EPOCHS {
-            if set_epoch {
-                sampler.set_epoch(epoch); // a new order, the same on every rank
-            }
-            let shard = shard_of(&sampler); // this rank's part of it, as long as every other rank's
-            for step_indices in shard.chunks_exact(micro * ACCUMULATION_STEPS) {
-                let micro_batches: Vec<&[i64]> = step_indices.chunks_exact(micro).collect();
-                let calls_before = ddp.stats().all_reduce; // the test's records
-                let rank_loss = train_step(&ddp, &mut optimizer, &micro_batches, |indices| {
-                    let (x, y) = (rows(&data.x, indices), rows(&data.y, indices)); // [micro, 4], [micro, 1]
-                    mse(&ddp.forward(&x), &y) // mean over this micro-batch
-                })?;
-                let all_reduces = ddp.stats().all_reduce - calls_before; // the test's records
-                let loss = ddp.mean_over_ranks(rank_loss)?; // every rank calls it: a collective
-                if ddp.rank() == 0 {
-                    println!("{world_size} ranks, {sharding:?}, epoch {epoch}: global batch loss {loss:.6}");
-                }
-                run.record_step(all_reduces, loss, ddp.parameters()); // the test's records
-            }
-            run.seen.push(shard); // the test's records
-        }
-        if ddp.rank() == 0 {
-            vs.save(&checkpoint)?; // the unwrapped model's weights, once
-            run.checkpoint = Some(checkpoint); // the test's records
-        }
-        ddp.process_group().barrier()?; // no rank may read the file before it is complete
-        (run.buckets, run.gradient_syncs, run.sync_time) =
-            (ddp.buckets().len(), ddp.gradient_syncs(), ddp.sync_time());
-        Ok(run)
-    })
-}
-
-/// The global batch of every step, as the library's samplers (the
-/// reference) of `world_size` ranks form it: step s of an epoch is every rank's s-th step, together.
-/// With `only_rank0`, rank 0's part alone.
-pub(super) fn global_batches(world_size: usize, only_rank0: bool) -> Vec<Vec<i64>> {
-    let mut batches = vec![];
-    for epoch in 0..EPOCHS {
-        let shards: Vec<Vec<i64>> = (0..world_size)
-            .map(|rank| {
-                let mut s = sampler(world_size, rank);
-                s.set_epoch(epoch);
-                s.indices()
-            })
-            .collect();
-        let per_step = shards[0].len() / STEPS_PER_EPOCH;
-        for step in 0..STEPS_PER_EPOCH {
-            let ranks = if only_rank0 { 1 } else { world_size };
-            batches.push(
-                shards[..ranks]
-                    .iter()
-                    .flat_map(|s| &s[step * per_step..(step + 1) * per_step])
-                    .copied()
-                    .collect(),
-            );
-        }
+/// The same with chapter 5's reference sync, after backward.
+fn train_bucketed(pg: Group, optim: Optim) -> anyhow::Result<Vec<Named>> {
+    let (vs, model) = mlp();
+    let params = named_parameters(&vs);
+    let mut optimizer = optim.build(&vs)?;
+    let buckets = GradientBuckets::plan(pg.as_ref(), &params, CAPS)?;
+    let mut after = vec![];
+    for step in 0..STEPS {
+        let (x, y) = &micro_batches(&pg, step, 1)[0];
+        optimizer.zero_grad();
+        mse(&model.forward(x), y).backward();
+        buckets.sync_with(pg.as_ref(), &params, sync_bucket)?;
+        optimizer.step();
+        after.push(snapshot(&params));
     }
-    batches
-}
-
-/// One process, one model, one batch per step: the reference.
-pub(super) fn one_process(batches: &[Vec<i64>]) -> Vec<Step> {
-    let data = data();
-    let batches: Vec<(Tensor, Tensor)> =
-        batches.iter().map(|b| (rows(&data.x, b), rows(&data.y, b))).collect(); // [B, 4], [B, 1] each
-    train_single_process(|| Mlp::seeded(MODEL_SEED, SIZES, Kind::Double), Optim::Sgd, &batches)
-}
-
-/// Replicas bitwise equal after every step; returns rank 0's largest
-/// difference from `reference`.
-pub(super) fn replicas_match_and_differ_from(runs: &[RankRun], reference: &[Step]) -> f64 {
-    assert_eq!(
-        runs[0].after_each_step.len(),
-        reference.len(),
-        "every rank must take {} steps",
-        reference.len()
-    );
-    let mut largest: f64 = 0.0;
-    for (step, expected) in reference.iter().enumerate() {
-        let per_rank: Vec<_> = runs.iter().map(|run| snapshot(&run.after_each_step[step])).collect();
-        compare_replicas(&per_rank, 0.0).unwrap_or_else(|report| panic!("after step {}: {report}", step + 1));
-        largest = largest.max(max_reference_diff(&per_rank[0], &expected.params));
-    }
-    largest
+    Ok(after)
 }
 
 #[test]
-fn the_whole_loop_on_2_and_3_ranks_equals_one_process_on_the_global_batch() {
-    for world_size in [2, 3] {
-        let runs = train_ddp(world_size, Sharding::Sampler);
-        let reference = one_process(&global_batches(world_size, false));
-        let largest = replicas_match_and_differ_from(&runs, &reference);
-        let last = reference.len() - 1;
-        compare_to_reference(&runs[0].after_each_step[last], &reference[last].params, TOLERANCE)
-            .unwrap_or_else(|r| {
-                let hint =
-                    "each rank must train on its own shard: samples_per_rank and shard_indices must give \
-                        every rank an equal, strided part of the padded epoch order";
-                panic!("{world_size} ranks, after the last step: {}", r.hint(hint))
+fn the_overlapped_step_equals_chapter_5_bitwise_and_one_process_within_tolerance() {
+    let reference = |optim| train_single_process(mlp, optim, &global_batches(&data(), GLOBAL_BATCH, STEPS));
+    for (world_size, optim) in [(2, Optim::Sgd), (2, Optim::Adam), (3, Optim::Adam)] {
+        let overlapped = run(world_size, |pg| train_overlapped(pg, optim, 1));
+        let bucketed = run(world_size, |pg| train_bucketed(pg, optim));
+        let one_process = reference(optim);
+        for step in 0..STEPS {
+            let case = format!("{world_size} ranks, {optim:?}, after step {}", step + 1);
+            let (mine, theirs): (Vec<Named>, Vec<Named>) = (0..world_size)
+                .map(|r| (snapshot(&overlapped[r].0[step]), snapshot(&bucketed[r][step])))
+                .unzip();
+            compare_replicas(&mine, 0.0)
+                .unwrap_or_else(|report| panic!("{case}: the ranks differ: {report}"));
+            compare_replicas(&[snapshot(&mine[0]), snapshot(&theirs[0])], 0.0).unwrap_or_else(|report| {
+                panic!(
+                    "{case}: your overlapped sync differs from chapter 5's bucketed sync (left) ({report}). \
+                     Same buffers, same sum, then the division: check what launch_bucket puts in each \
+                     slot and what finish_bucket copies back"
+                )
             });
-        assert!(largest <= TOLERANCE, "{world_size} ranks: a step was {largest:e} from one process");
-        println!(
-            "{world_size} ranks: largest difference from one process over {} steps: {largest:e}",
-            last + 1
+            compare_to_reference(&mine[0], &one_process[step].params, TOLERANCE).unwrap_or_else(|report| {
+                panic!("{case}: differs from one process on the global batch: {report}")
+            });
+        }
+    }
+}
+
+#[test]
+fn buckets_leave_in_bucket_order_and_the_first_while_backward_still_runs() {
+    let per_rank = run(2, |pg| {
+        let (vs, model) = mlp();
+        let ddp = OverlappedDdp::with_bucket_caps(model, &vs, pg.clone(), CAPS)?.keep_layout();
+        let (x, y) = &micro_batches(&pg, 0, 1)[0];
+        ddp.backward(&mse(&ddp.forward(x), y))?;
+        let sizes: Vec<usize> = ddp.buckets().iter().map(|b| b.params.len()).collect();
+        Ok((sizes, ddp.last_step(), ddp.parameters().len()))
+    });
+    for (rank, (sizes, record, param_count)) in per_rank.into_iter().enumerate() {
+        let order: Vec<usize> = record.launches.iter().map(|l| l.bucket).collect();
+        assert_eq!(
+            order,
+            (0..sizes.len()).collect::<Vec<_>>(),
+            "rank {rank}: the buckets left in this order"
         );
-        for (step, (&ddp_loss, one)) in
-            runs[0].losses.iter().zip(reference.iter().map(|s| s.loss)).enumerate()
-        {
+        let first = &record.launches[0];
+        println!(
+            "rank {rank}: bucket 0 left when {} of {param_count} gradients were ready",
+            first.gradients_ready
+        );
+        assert_eq!(
+            first.gradients_ready, sizes[0],
+            "rank {rank}: bucket 0 must leave the moment its {} gradients are ready, not later",
+            sizes[0]
+        );
+        assert!(
+            first.gradients_ready < param_count,
+            "rank {rank}: bucket 0 left only when backward was done"
+        );
+        assert!(
+            first.at < record.backward_ended.expect("a synced backward"),
+            "rank {rank}: the clock disagrees"
+        );
+    }
+}
+
+#[test]
+fn no_sync_sends_nothing_and_accumulates_and_the_step_equals_one_process() {
+    let reference = train_single_process(mlp, Optim::Adam, &global_batches(&data(), GLOBAL_BATCH, STEPS));
+    let per_rank = run(2, |pg| train_overlapped(pg, Optim::Adam, 2));
+    for (rank, (after, during_no_sync)) in per_rank.iter().enumerate() {
+        assert_eq!(during_no_sync, &vec![0; STEPS], "rank {rank}: all-reduces inside no_sync, per step");
+        for (step, params) in after.iter().enumerate() {
+            compare_to_reference(params, &reference[step].params, TOLERANCE).unwrap_or_else(|report| {
+                panic!("rank {rank}, 2 micro-batches, after step {}: {report}", step + 1)
+            });
+        }
+    }
+}
+
+/// One step where rank `skipping` leaves the parameter `unused` out of its
+/// loss, and the others use it; the error each rank got, or its parameters.
+fn step_with_unused(
+    pg: Group,
+    skipping: Option<usize>,
+    find_unused: bool,
+) -> anyhow::Result<Result<Named, String>> {
+    let (vs, model) = mlp_with_an_unused_parameter(5, SIZES);
+    let mut optimizer = Optim::Sgd.build(&vs)?;
+    let ddp =
+        OverlappedDdp::with_bucket_caps(model, &vs, pg.clone(), CAPS)?.find_unused_parameters(find_unused);
+    let unused =
+        ddp.parameters().iter().find(|(n, _)| n == "unused").expect("the model has it").1.shallow_clone();
+    let (x, y) = &micro_batches(&pg, 0, 1)[0];
+    let mut loss = mse(&ddp.forward(x), y);
+    if skipping.is_some_and(|r| r != pg.rank()) {
+        loss += unused.sum(Kind::Double) * 0.5; // the others use it
+    }
+    let outcome = ddp.backward(&loss).map_err(|e| e.to_string());
+    if outcome.is_ok() {
+        optimizer.step();
+    }
+    Ok(outcome.map(|()| snapshot(ddp.parameters())))
+}
+
+#[test]
+fn a_parameter_without_a_gradient_fails_every_rank_by_name_unless_expected() {
+    for skipping in [None, Some(1)] {
+        let outcomes = spawn_with(spawn_options(2), |pg| step_with_unused(pg, skipping, false))
+            .unwrap_or_else(|e| panic!("no rank may hang or panic: {e}"));
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            let error =
+                outcome.err().unwrap_or_else(|| panic!("rank {rank} must fail ({skipping:?} skips it)"));
             assert!(
-                (ddp_loss - one).abs() <= TOLERANCE,
-                "step {step}: logged loss {ddp_loss} != global batch's {one}"
+                error.contains("\"unused\"") && error.contains("find_unused_parameters"),
+                "rank {rank}: the error must name the parameter and the option: {error}"
             );
         }
-        // Rank 0 alone saved the trained model, and it loads into a plain, unwrapped one.
-        assert!(runs[1..].iter().all(|run| run.checkpoint.is_none()), "only rank 0 may write the checkpoint");
-        let path = runs[0].checkpoint.as_ref().expect("rank 0 saves a checkpoint");
-        let (mut vs, _) = Mlp::seeded(MODEL_SEED + 1, SIZES, Kind::Double); // other weights, then overwritten
-        vs.load(path).expect("the checkpoint loads into a model without the wrapper");
-        let loaded = snapshot(&named_parameters(&vs));
-        compare_replicas(&[snapshot(&runs[0].after_each_step[last]), loaded], 0.0)
-            .unwrap_or_else(|report| panic!("the checkpoint is not the trained model: {report}"));
-        for (rank, run) in runs.iter().enumerate() {
-            assert_eq!(run.buckets, 4, "rank {rank}: the caps ({CAPS}) make 4 buckets of this model");
-            assert_eq!(
-                run.all_reduces_per_step,
-                vec![run.buckets as u64; reference.len()],
-                "rank {rank}: one all-reduce per bucket per optimizer step (none in the no_sync micro-steps)"
-            );
-            assert_eq!(run.gradient_syncs, reference.len() as u64, "rank {rank}: one timed sync per step");
-            assert!(run.sync_time > Duration::ZERO, "rank {rank}: the sync time must be measured");
-        }
+        let expected = run(2, |pg| step_with_unused(pg, skipping, true));
+        let after: Vec<Named> = expected
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|e| panic!("with find_unused_parameters the step goes on: {e}")))
+            .collect();
+        compare_replicas(&after, 0.0).unwrap_or_else(|report| {
+            panic!(
+                "with find_unused_parameters ({skipping:?} skips it) the replicas must stay equal: {report}"
+            )
+        });
     }
 }

@@ -8,7 +8,7 @@
 use ddp_workbook::ch03_averaging::{self as ch03, NaiveDdp};
 use ddp_workbook::ch04_accumulation::{learner as ch04, AccumulatingDdp};
 use ddp_workbook::ch05_bucketing::{BucketCaps, BucketedDdp};
-use ddp_workbook::ch06_sharding::{self as ch06, rows, DistributedSampler, SimpleDistributedDataParallelism};
+use ddp_workbook::ch07_sharding::{self as ch07, rows, DistributedSampler, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
 use ddp_workbook::dist::{Group, ProcessGroup};
@@ -111,20 +111,20 @@ fn chapter_5(pg: &Group) -> anyhow::Result<()> {
 /// The finished wrapper, fed by your sampler: without shuffling, rank r's
 /// shard is rows r, r + N, r + 2N, ..., so positions s*B/N.. of every
 /// shard together are exactly global batch s.
-fn chapter_6(pg: &Group) -> anyhow::Result<()> {
+fn chapter_7(pg: &Group) -> anyhow::Result<()> {
     let (expected, (vs, model), data) = (reference(Optim::Adam), mlp(), data());
     let mut optimizer = Optim::Adam.build(&vs)?;
     let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
     let sampler = DistributedSampler::for_group(pg.as_ref(), GLOBAL_BATCH * STEPS as i64, false, 0, false)?;
-    let shard = ch06::shard(&sampler);
+    let shard = ch07::shard(&sampler);
     let rows_per_step = (GLOBAL_BATCH / pg.world_size() as i64) as usize;
     for (step, expected) in expected.iter().enumerate() {
         let mine = &shard[step * rows_per_step..(step + 1) * rows_per_step];
         let micro: Vec<&[i64]> = mine.chunks(rows_per_step / 2).collect();
-        ch06::train_step(&ddp, &mut optimizer, &micro, |idx| {
+        ch07::train_step(&ddp, &mut optimizer, &micro, |idx| {
             mse(&ddp.forward(&rows(&data.x, idx)), &rows(&data.y, idx))
         })?;
-        check(pg.as_ref(), "chapter 6", ddp.parameters(), expected, step + 1)?;
+        check(pg.as_ref(), "chapter 7", ddp.parameters(), expected, step + 1)?;
     }
     Ok(())
 }
@@ -134,7 +134,7 @@ fn all_chapters(pg: Group) -> anyhow::Result<()> {
     chapter_3(&pg, Optim::Adam)?;
     chapter_4(&pg)?;
     chapter_5(&pg)?;
-    chapter_6(&pg)
+    chapter_7(&pg)
 }
 
 #[test]

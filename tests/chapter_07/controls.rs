@@ -1,5 +1,5 @@
-//! Chapter 06 tests, part 3: the negative controls. Compiled into
-//! `cargo test --test chapter_06` (see `tests/chapter_06.rs`); the loop they
+//! Chapter 07 tests, part 3: the negative controls. Compiled into
+//! `cargo test --test chapter_07` (see `tests/chapter_07.rs`); the loop they
 //! run and the single-process reference are in `training.rs`.
 //!
 //! Each control makes one of the chapter's mistakes on purpose and shows
@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use ddp_workbook::ch06_sharding::{rows, train_step, SimpleDistributedDataParallelism};
+use ddp_workbook::ch07_sharding::{rows, train_step, SimpleDistributedDataParallelism};
 use ddp_workbook::check::max_reference_diff;
 use ddp_workbook::dist::{spawn_with, Group};
 use ddp_workbook::models::Mlp;

@@ -1,5 +1,5 @@
-//! Chapter 06 tests, part 1: the `DistributedSampler` on its own. Compiled
-//! into `cargo test --test chapter_06` (see `tests/chapter_06.rs`).
+//! Chapter 07 tests, part 1: the `DistributedSampler` on its own. Compiled
+//! into `cargo test --test chapter_07` (see `tests/chapter_07.rs`).
 //!
 //! The grid below covers data set lengths that do and do not divide by the
 //! number of ranks, lengths smaller than it, with and without shuffling and
@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use ddp_workbook::ch06_sharding::{shard, shard_len, DistributedSampler, SamplerError};
+use ddp_workbook::ch07_sharding::{shard, shard_len, DistributedSampler, SamplerError};
 use ddp_workbook::tch::{self, Tensor};
 use ddp_workbook::with_seed;
 

@@ -1,12 +1,12 @@
-//! Chapter 06: sharding the data. Every rank must train on its own part of
+//! Chapter 07: sharding the data. Every rank must train on its own part of
 //! each epoch, or N ranks just repeat the same work. You write the heart of
 //! the distributed sampler: how many examples each rank gets
 //! (`samples_per_rank`) and which ones, epoch after epoch (`epoch_shard`:
 //! the epoch's order, shuffled the same way on every rank and anew every
 //! epoch, evened out, and cut into strided shards).
 //!
-//! Your code:           `cargo test --test chapter_06`
-//! The reference code:  `cargo test --features solutions --test chapter_06`
+//! Your code:           `cargo test --test chapter_07`
+//! The reference code:  `cargo test --features solutions --test chapter_07`
 //!
 //! Already solved, in the library (`src/ddp/`): the [`DistributedSampler`]
 //! (its settings and `set_epoch`), the seeded shuffle [`permutation`], the

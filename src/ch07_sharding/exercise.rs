@@ -1,7 +1,7 @@
-//! Chapter 06 exercise: how many examples each rank gets, and which ones,
+//! Chapter 07 exercise: how many examples each rank gets, and which ones,
 //! epoch after epoch. This is the file you edit.
 //!
-//! Check your work: `cargo test --test chapter_06`
+//! Check your work: `cargo test --test chapter_07`
 //!
 //! `shard_len` in `mod.rs` calls your `samples_per_rank`, and `shard` calls
 //! your `epoch_shard` with the library's `DistributedSampler`, which only
@@ -21,8 +21,8 @@ pub fn samples_per_rank(dataset_len: usize, num_replicas: usize, drop_last: bool
     // runs out of batches early and its peers wait in a collective it never
     // joins. The two settings of `drop_last` fix what happens to the
     // examples that do not fill a whole round of `num_replicas`.
-    // Stuck? `cargo workbook hint 06` gives hints one at a time.
-    todo!("exercise ch06: samples_per_rank in src/ch06_sharding/exercise.rs")
+    // Stuck? `cargo workbook hint 07` gives hints one at a time.
+    todo!("exercise ch07: samples_per_rank in src/ch07_sharding/exercise.rs")
 }
 
 /// This rank's indices for the sampler's current epoch, in the order to
@@ -53,7 +53,7 @@ pub fn epoch_shard(sampler: &DistributedSampler) -> Vec<i64> {
     // `epoch_shard`, `shard_indices`, `sampler.epoch_order()` and
     // `sampler.indices()` are the reference: calling them would pass the
     // tests and teach nothing.)
-    // Stuck? `cargo workbook hint 06` gives hints one at a time.
-    todo!("exercise ch06: epoch_shard in src/ch06_sharding/exercise.rs")
+    // Stuck? `cargo workbook hint 07` gives hints one at a time.
+    todo!("exercise ch07: epoch_shard in src/ch07_sharding/exercise.rs")
 }
 // ANCHOR_END: stub

@@ -1,0 +1,154 @@
+//! The three steps of an overlapped sync, as functions that
+//! [`OverlappedBuckets`](super::OverlappedBuckets) calls: [`mark_ready`]
+//! (a hook says a gradient is final: which buckets may leave now?),
+//! [`launch_bucket`] (start one bucket's all-reduce) and [`finish_bucket`]
+//! (after backward: wait for it and divide). Chapter 6 of the book has the
+//! learner write all three; the library's launch and finish keep gradients
+//! as views of their buckets, so they copy nothing.
+//!
+//! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
+
+use tch::Tensor;
+
+use super::layout::Bucket;
+use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
+
+// ANCHOR: progress
+/// Where one backward pass stands: which gradients are ready, how many each
+/// bucket still waits for, and which bucket leaves next. Buckets leave in
+/// bucket order, on every rank, because collectives pair up by their order.
+#[derive(Clone, Debug)]
+pub struct BucketProgress {
+    /// For each parameter (registration index), the bucket it belongs to.
+    pub bucket_of: Vec<usize>,
+    /// For each bucket, how many of its members are not ready yet.
+    pub pending: Vec<usize>,
+    /// For each parameter, whether its gradient is ready in this pass.
+    pub ready: Vec<bool>,
+    /// The first bucket that has not been launched yet.
+    pub next_bucket: usize,
+}
+// ANCHOR_END: progress
+
+impl BucketProgress {
+    /// Nothing ready yet, for these buckets of `param_count` parameters.
+    pub fn new(layout: &[Bucket], param_count: usize) -> BucketProgress {
+        let mut bucket_of = vec![0; param_count];
+        for (b, bucket) in layout.iter().enumerate() {
+            bucket.params.iter().for_each(|&p| bucket_of[p] = b);
+        }
+        let pending = layout.iter().map(|b| b.params.len()).collect();
+        BucketProgress { bucket_of, pending, ready: vec![false; param_count], next_bucket: 0 }
+    }
+
+    /// The parameters not marked ready in this pass.
+    pub fn not_ready(&self) -> Vec<usize> {
+        (0..self.ready.len()).filter(|&i| !self.ready[i]).collect()
+    }
+}
+
+/// A hook said parameter `param`'s gradient is final. Returns the buckets to
+/// launch now, in order. See the chapter-6 exercise for the contract.
+pub type MarkReady = fn(&mut BucketProgress, usize) -> Vec<usize>;
+/// Starts one bucket's all-reduce (SUM) and returns its handle.
+pub type LaunchBucket =
+    fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[(String, Tensor)]) -> Result<Work, DistError>;
+/// Waits for one launched bucket and leaves the average in the gradients.
+pub type FinishBucket =
+    fn(&dyn ProcessGroup, &Bucket, &mut Tensor, Work, &[(String, Tensor)]) -> Result<(), DistError>;
+
+/// The three steps an [`OverlappedBuckets`](super::OverlappedBuckets) runs.
+#[derive(Clone, Copy)]
+pub struct OverlapSteps {
+    pub mark_ready: MarkReady,
+    pub launch_bucket: LaunchBucket,
+    pub finish_bucket: FinishBucket,
+}
+
+impl Default for OverlapSteps {
+    /// The library's: gradients are views of their buckets.
+    fn default() -> Self {
+        OverlapSteps { mark_ready, launch_bucket, finish_bucket }
+    }
+}
+
+// ANCHOR: mark_ready
+/// A gradient-ready hook says that parameter `param`'s gradient is final.
+/// Marks it ready in `progress` and returns the buckets that may leave now,
+/// in order: from `progress.next_bucket` on, each bucket with no member
+/// pending, up to the first that still has one; `next_bucket` moves past
+/// them. A second mark of the same parameter in one pass changes nothing.
+pub fn mark_ready(progress: &mut BucketProgress, param: usize) -> Vec<usize> {
+    if progress.ready[param] {
+        return vec![];
+    }
+    progress.ready[param] = true;
+    progress.pending[progress.bucket_of[param]] -= 1;
+    let mut launch = vec![];
+    while progress.next_bucket < progress.pending.len() && progress.pending[progress.next_bucket] == 0 {
+        launch.push(progress.next_bucket);
+        progress.next_bucket += 1;
+    }
+    launch
+}
+// ANCHOR_END: mark_ready
+
+/// Makes every gradient of `bucket` a view of its slot in `buffer` (a
+/// gradient not yet one is copied in and re-pointed; a missing one leaves
+/// zeros in its slot and stays missing), then starts the buffer's SUM.
+pub fn launch_bucket(
+    pg: &dyn ProcessGroup,
+    bucket: &Bucket,
+    buffer: &mut Tensor,
+    params: &[(String, Tensor)],
+) -> Result<Work, DistError> {
+    tch::no_grad(|| {
+        attach_bucket(pg, bucket, buffer, params)?;
+        pg.all_reduce_async(buffer, ReduceOp::Sum)
+    })
+}
+
+/// Waits for the bucket's all-reduce and divides it by the world size: the
+/// gradients are views of it, so they hold the average.
+pub fn finish_bucket(
+    pg: &dyn ProcessGroup,
+    _bucket: &Bucket,
+    buffer: &mut Tensor,
+    work: Work,
+    _params: &[(String, Tensor)],
+) -> Result<(), DistError> {
+    work.wait()?;
+    let _ = tch::no_grad(|| buffer.f_div_scalar_(pg.world_size() as f64))
+        .map_err(torch_error(pg, "dividing a bucket by the world size"))?;
+    Ok(())
+}
+
+/// Makes `bucket`'s gradients views of their slots of `buffer` (see
+/// `bucket_views.rs`, which explains why).
+pub(super) fn attach_bucket(
+    pg: &dyn ProcessGroup,
+    bucket: &Bucket,
+    buffer: &Tensor,
+    params: &[(String, Tensor)],
+) -> Result<(), DistError> {
+    let mut offset = 0;
+    for &member in &bucket.params {
+        let (name, param) = &params[member];
+        let numel = param.numel() as i64;
+        let mut slot = buffer.narrow(0, offset, numel); // [numel], a view of the bucket
+        let mut grad = param.grad();
+        let placed = if !grad.defined() {
+            slot.f_zero_().map(|_| ())
+        } else if grad.data_ptr() != slot.data_ptr() {
+            grad.f_reshape([-1])
+                .and_then(|values| slot.f_copy_(&values))
+                .and_then(|()| slot.f_view(param.size().as_slice()))
+                .and_then(|view| grad.f_set_data(&view))
+        } else {
+            Ok(()) // already a view: backward wrote into the slot
+        };
+        placed.map_err(torch_error(pg, format!("placing the gradient of `{name}` in its bucket")))?;
+        offset += numel;
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! Chapter 06 tests, part 1: each of the three steps alone. Compiled into
+//! `cargo test --test chapter_06` (see `tests/chapter_06.rs`).
+
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::common::run;
+use ddp_workbook::ch06_overlap::{learner, Bucket, BucketProgress};
+use ddp_workbook::tch::{Device, Kind, Tensor};
+
+/// Buckets of the given members (indices into 7 parameters of 1 element).
+fn layout(members: &[&[usize]]) -> Vec<Bucket> {
+    let bucket = |params: &[usize]| Bucket {
+        kind: Kind::Float,
+        device: Device::Cpu,
+        params: params.to_vec(),
+        numel: params.len(),
+    };
+    members.iter().map(|m| bucket(m)).collect()
+}
+
+#[test]
+fn mark_ready_lets_buckets_leave_in_bucket_order_each_once() {
+    // Bucket 0 = {6, 5}, bucket 1 = {4, 3, 2}, bucket 2 = {1, 0}.
+    let buckets = layout(&[&[6, 5], &[4, 3, 2], &[1, 0]]);
+    let mut progress = BucketProgress::new(&buckets, 7);
+    let mut mark = |p: usize| learner::mark_ready(&mut progress, p);
+    assert_eq!(mark(6), Vec::<usize>::new(), "bucket 0 still waits for parameter 5");
+    assert_eq!(mark(6), Vec::<usize>::new(), "a second mark of parameter 6 counts once");
+    assert_eq!(mark(1), Vec::<usize>::new(), "bucket 2 is not complete");
+    assert_eq!(
+        mark(0),
+        Vec::<usize>::new(),
+        "bucket 2 is complete, but bucket 0 and 1 have not left: it waits"
+    );
+    assert_eq!(mark(5), vec![0], "parameter 5 completes bucket 0, the next to leave");
+    assert_eq!(mark(4), Vec::<usize>::new());
+    assert_eq!(mark(3), Vec::<usize>::new());
+    assert_eq!(mark(2), vec![1, 2], "bucket 1 completes, and bucket 2, complete already, follows it");
+    assert_eq!(mark(2), Vec::<usize>::new(), "every bucket has left, each once");
+    assert_eq!(progress.next_bucket, 3, "next_bucket moved past every bucket that left");
+    assert_eq!(progress.pending, vec![0, 0, 0], "no bucket waits for anything");
+    assert!(progress.ready.iter().all(|&r| r), "every parameter is marked ready");
+}
+
+#[test]
+fn launch_bucket_returns_before_the_all_reduce_has_finished() {
+    // Rank 1 joins the all-reduce only after rank 0's launch_bucket has
+    // returned. A launch_bucket that waited for the result would wait for
+    // rank 1 forever; the deadline ends it, and this test says why.
+    let (to_rank_1, launched) = mpsc::channel::<()>();
+    let (to_rank_1, launched) = (Mutex::new(to_rank_1), Mutex::new(launched));
+    let averages = run(2, |pg| {
+        let rank = pg.rank();
+        let value = 1.0 + rank as f64; // rank 0 has 1s and 2s, rank 1 has 2s and 4s
+        let params: Vec<(String, Tensor)> = ["w", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let p = Tensor::zeros([2, 3 - i as i64], (Kind::Double, Device::Cpu)).set_requires_grad(true);
+                let loss = (&p * (value * (i as f64 + 1.0))).sum(Kind::Double); // d loss / d p = value * (i + 1)
+                loss.backward();
+                (name.to_string(), p)
+            })
+            .collect();
+        let bucket = Bucket { kind: Kind::Double, device: Device::Cpu, params: vec![1, 0], numel: 10 };
+        let mut buffer = Tensor::zeros([10], (Kind::Double, Device::Cpu));
+        if rank == 1 {
+            let arrived = launched.lock().unwrap().recv_timeout(Duration::from_secs(10));
+            anyhow::ensure!(
+                arrived.is_ok(),
+                "rank 0's launch_bucket did not return before rank 1 joined the all-reduce: it must \
+                 start the all-reduce with `all_reduce_async` and return its Work without waiting"
+            );
+        }
+        let work = learner::launch_bucket(pg.as_ref(), &bucket, &mut buffer, &params)?;
+        if rank == 0 {
+            to_rank_1.lock().unwrap().send(()).expect("rank 1 listens");
+        }
+        learner::finish_bucket(pg.as_ref(), &bucket, &mut buffer, work, &params)?;
+        Ok(params
+            .iter()
+            .map(|(_, p)| Vec::<f64>::try_from(p.grad().reshape([-1])).unwrap())
+            .collect::<Vec<_>>())
+    });
+    for (rank, grads) in averages.iter().enumerate() {
+        assert_eq!(grads[0], vec![1.5; 6], "rank {rank}: `w`'s gradient is the mean of 1 and 2");
+        assert_eq!(grads[1], vec![3.0; 4], "rank {rank}: `b`'s gradient is the mean of 2 and 4");
+    }
+}
+
+#[test]
+fn launch_bucket_sends_zeros_for_a_missing_gradient_and_finish_leaves_it_missing() {
+    let per_rank = run(2, |pg| {
+        let rank = pg.rank();
+        let with_grad = Tensor::zeros([3], (Kind::Double, Device::Cpu)).set_requires_grad(true);
+        (&with_grad * (rank as f64 + 1.0)).sum(Kind::Double).backward(); // gradient 1 on rank 0, 2 on rank 1
+        let without = Tensor::zeros([2], (Kind::Double, Device::Cpu)).set_requires_grad(true);
+        let params = vec![("used".to_string(), with_grad), ("unused".to_string(), without)];
+        let bucket = Bucket { kind: Kind::Double, device: Device::Cpu, params: vec![1, 0], numel: 5 };
+        let mut buffer = Tensor::full([5], 7.0, (Kind::Double, Device::Cpu)); // last step's leftovers
+        let work = learner::launch_bucket(pg.as_ref(), &bucket, &mut buffer, &params)?;
+        learner::finish_bucket(pg.as_ref(), &bucket, &mut buffer, work, &params)?;
+        let used = Vec::<f64>::try_from(params[0].1.grad()).unwrap();
+        Ok((used, params[1].1.grad().defined(), Vec::<f64>::try_from(&buffer).unwrap()))
+    });
+    for (rank, (used, unused_defined, buffer)) in per_rank.into_iter().enumerate() {
+        assert_eq!(used, vec![1.5; 3], "rank {rank}: the used parameter's gradient is the mean of 1 and 2");
+        assert!(!unused_defined, "rank {rank}: a parameter without a gradient must keep none");
+        assert_eq!(
+            buffer,
+            vec![0.0, 0.0, 1.5, 1.5, 1.5],
+            "rank {rank}: the bucket holds zeros in the missing gradient's slot, then the average"
+        );
+    }
+}

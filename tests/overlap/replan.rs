@@ -1,0 +1,94 @@
+//! Buckets re-planned from the observed order: a model that registers its
+//! output layer first but uses it last. Compiled into `cargo test --test
+//! overlap` (see `tests/overlap.rs`).
+
+use super::common::{mse, run, spawn_options};
+use ddp_workbook::ddp::{agree_on_order, SimpleDistributedDataParallelism};
+use ddp_workbook::dist::spawn_with;
+use ddp_workbook::models::named_parameters;
+use ddp_workbook::tch::nn::{self, Module, VarStore};
+use ddp_workbook::tch::{Device, Kind, Tensor};
+use ddp_workbook::with_seed;
+
+/// Registered head first, used head last: the first plan, which assumes
+/// reverse registration order, puts the head's gradients (ready first) in
+/// the last bucket, so no bucket can leave before backward ends.
+#[derive(Debug)]
+struct HeadFirst {
+    head: nn::Linear,
+    hidden: nn::Linear,
+    input: nn::Linear,
+}
+
+impl Module for HeadFirst {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.head.forward(&self.hidden.forward(&self.input.forward(x).relu()).relu())
+    }
+}
+
+fn head_first() -> (VarStore, HeadFirst) {
+    with_seed(9, || {
+        let mut vs = VarStore::new(Device::Cpu);
+        let root = vs.root();
+        let head = nn::linear(&root / "head", 32, 1, Default::default());
+        let hidden = nn::linear(&root / "hidden", 32, 32, Default::default());
+        let input = nn::linear(&root / "input", 4, 32, Default::default());
+        vs.set_kind(Kind::Double);
+        (vs, HeadFirst { head, hidden, input })
+    })
+}
+
+const CAPS: ddp_workbook::ddp::BucketCaps =
+    ddp_workbook::ddp::BucketCaps { cap_bytes: 4096, first_cap_bytes: 512 };
+
+#[test]
+fn buckets_follow_the_order_gradients_became_ready_after_the_first_step() {
+    let per_rank = run(2, |pg| {
+        let (vs, model) = head_first();
+        let names: Vec<String> = named_parameters(&vs).into_iter().map(|(n, _)| n).collect();
+        anyhow::ensure!(names[0].starts_with("head."), "the test needs the head registered first: {names:?}");
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
+        let x = Tensor::ones([3, 4], (Kind::Double, Device::Cpu)) * (1.0 + pg.rank() as f64);
+        let y = Tensor::zeros([3, 1], (Kind::Double, Device::Cpu));
+        let planned = ddp.bucket_names();
+        let mut steps = vec![];
+        for _ in 0..2 {
+            ddp.backward(&mse(&ddp.forward(&x), &y))?;
+            let ready: Vec<usize> = ddp.last_step().launches.iter().map(|l| l.gradients_ready).collect();
+            steps.push((ready, ddp.bucket_names()));
+        }
+        Ok((planned, steps, ddp.parameters().len()))
+    });
+    for (rank, (planned, steps, count)) in per_rank.iter().enumerate() {
+        assert!(
+            planned.last().unwrap().iter().any(|n| n.starts_with("head.")),
+            "rank {rank}: first plan {planned:?}"
+        );
+        let (first_launches, replanned) = &steps[0];
+        assert!(
+            first_launches[0] == *count,
+            "rank {rank}: with the first plan, bucket 0 can leave only when every gradient is ready: {first_launches:?}"
+        );
+        assert!(replanned[0].iter().any(|n| n.starts_with("head.")), "rank {rank}: re-planned {replanned:?}");
+        assert_eq!(replanned, &per_rank[0].1[0].1, "rank {rank}: every rank re-planned the same layout");
+        let (second_launches, kept) = &steps[1];
+        assert_eq!(kept, replanned, "rank {rank}: the layout is re-planned once");
+        assert!(
+            second_launches[0] < *count,
+            "rank {rank}: after re-planning, bucket 0 leaves while backward still runs: {second_launches:?}"
+        );
+    }
+}
+
+#[test]
+fn every_rank_adopts_rank_0s_order_completed_with_what_it_never_saw() {
+    let orders = spawn_with(spawn_options(3), |pg| {
+        // Rank 0 saw 3, 1 and 4 (0 and 2 got no gradient); the others saw other orders.
+        let observed: Vec<usize> = if pg.rank() == 0 { vec![3, 1, 4] } else { vec![4, 3, 2, 1, 0] };
+        Ok(agree_on_order(pg.as_ref(), &observed, 5)?)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    for (rank, order) in orders.iter().enumerate() {
+        assert_eq!(order, &vec![3, 1, 4, 2, 0], "rank {rank}: rank 0's order, then the rest from the last");
+    }
+}
