@@ -3,9 +3,11 @@
 //! sequences per rank, small buckets (32 KiB); the time of forward + backward + sync
 //! with three syncs: naive (one all-reduce per parameter, after backward),
 //! bucketed (one per bucket, after backward) and overlapped (each bucket
-//! leaves during backward, `ddp::OverlappedBuckets`), each without and with
-//! a simulated link (50 µs, 10 Gbit/s by default). Prints the medians and
-//! how much of the bucketed sync's communication time overlap hid.
+//! leaves during backward, `ddp::OverlappedBuckets`, gradients as bucket
+//! views; and again with chapter 6's steps, which copy), each without and
+//! with a simulated link (50 µs, 10 Gbit/s by default). Prints the medians,
+//! how much of the bucketed sync's communication time overlap hid, and what
+//! keeping gradients as views saves.
 //!
 //! Run: cargo run --release --example bench_overlap
 //!      cargo run --release --example bench_overlap -- --steps 40 --latency-us 200 --gbit 1 --timeline
@@ -13,8 +15,9 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ddp_workbook::ch06_overlap::solution;
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
-use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, OverlappedBuckets};
+use ddp_workbook::ddp::{self, naive, BucketCaps, GradientBuckets, OverlapSteps, OverlappedBuckets};
 use ddp_workbook::dist::{spawn_with, tagged, Group, SimulatedLink, SpawnOptions};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::Module;
@@ -51,14 +54,19 @@ enum Sync {
     Naive,
     Bucketed,
     Overlapped,
+    /// Overlapped with chapter 6's steps, which copy the gradients into the
+    /// buckets and back instead of keeping them as views.
+    OverlappedCopying,
 }
 
-/// Rank 0's median step time (forward, backward, sync) for `sync`.
+/// Rank 0's median step time (forward, backward, sync) for `sync`, the
+/// median time from the end of backward to the end of the sync (the
+/// communication left exposed), and the timeline if asked for.
 fn measure(
     sync: Sync,
     link: Option<SimulatedLink>,
     args: &Args,
-) -> anyhow::Result<(Duration, Option<String>)> {
+) -> anyhow::Result<(Duration, Duration, Option<String>)> {
     let mut options = SpawnOptions::new(2);
     if let Some(link) = link {
         options = options.link(link);
@@ -73,16 +81,17 @@ fn measure(
         let cap = args.bucket_kib * 1024;
         let caps = BucketCaps { cap_bytes: cap, first_cap_bytes: cap / 4 };
         let buckets = GradientBuckets::plan(pg.as_ref(), &params, caps)?;
-        let overlapped = if sync == Sync::Overlapped {
-            Some(OverlappedBuckets::new(
-                pg.clone(),
-                &params,
-                GradientBuckets::plan(pg.as_ref(), &params, caps)?,
-            )?)
-        } else {
-            None
+        let planned = || GradientBuckets::plan(pg.as_ref(), &params, caps);
+        let overlapped = match sync {
+            Sync::Overlapped => Some(OverlappedBuckets::new(pg.clone(), &params, planned()?)?),
+            Sync::OverlappedCopying => {
+                let (launch_bucket, finish_bucket) = (solution::launch_bucket, solution::finish_bucket);
+                let steps = OverlapSteps { mark_ready: ddp::mark_ready, launch_bucket, finish_bucket };
+                Some(OverlappedBuckets::with_steps(pg.clone(), &params, planned()?, steps)?)
+            }
+            _ => None,
         };
-        let (mut times, mut timeline) = (vec![], None);
+        let (mut times, mut after_backward, mut timeline) = (vec![], vec![], None);
         for step in 0..args.steps + 3 {
             let (inputs, targets, mask) = task.batch((step * 32 + pg.rank() * 16) as i64 % 480, 16);
             for (_, p) in &params {
@@ -96,23 +105,29 @@ fn measure(
             }
             let loss = masked_cross_entropy(&gpt.forward(&inputs), &targets, &mask);
             loss.backward();
+            let backward_ended = Instant::now();
             match (sync, &overlapped) {
                 (Sync::Naive, _) => tagged(tag_of(step), || naive::sync_gradients(pg.as_ref(), &params))?,
                 (Sync::Bucketed, _) => tagged(tag_of(step), || buckets.sync(pg.as_ref(), &params))?,
-                (Sync::Overlapped, Some(o)) => {
+                (Sync::Overlapped | Sync::OverlappedCopying, Some(o)) => {
                     o.finish(false)?;
-                    if args.timeline && pg.rank() == 0 && link.is_some() && step == args.steps + 2 {
+                    let last = step == args.steps + 2 && sync == Sync::Overlapped;
+                    if args.timeline && pg.rank() == 0 && link.is_some() && last {
                         timeline = Some(timeline_of(o, started));
                     }
                 }
-                (Sync::Overlapped, None) => unreachable!(),
+                (_, None) => unreachable!("the overlapped syncs have their buckets"),
             }
             if step >= 3 {
                 times.push(started.elapsed());
+                after_backward.push(backward_ended.elapsed());
             }
         }
-        times.sort();
-        Ok((times[times.len() / 2], timeline))
+        let median = |mut v: Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2]
+        };
+        Ok((median(times), median(after_backward), timeline))
     })?;
     Ok(per_rank.into_iter().next().expect("rank 0"))
 }
@@ -136,6 +151,14 @@ fn timeline_of(overlapped: &OverlappedBuckets, started: Instant) -> String {
     table
 }
 
+/// The bytes of all the tiny GPT's gradients (one per parameter element).
+fn gradient_bytes() -> usize {
+    let task = TokenTask::standard(1, 8);
+    let config = GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
+    let (vs, _) = Gpt::seeded(1, &config, Kind::Float);
+    named_parameters(&vs).iter().map(|(_, p)| p.numel() * p.kind().elt_size_in_bytes()).sum()
+}
+
 fn tag_of(step: usize) -> String {
     format!("step {step}")
 }
@@ -157,27 +180,49 @@ fn main() -> anyhow::Result<()> {
         args.bucket_kib, args.steps
     );
     println!(
-        "| sync | no link | link ({} µs, {} Gbit/s) |\n| --- | ---: | ---: |",
+        "| sync | step, no link | step, link ({0} µs, {1} Gbit/s) | after backward, no link | after backward, link |\n\
+         | --- | ---: | ---: | ---: | ---: |",
         args.latency_us, args.gbit
     );
     let (mut rows, mut timeline) = (vec![], None);
-    for sync in [Sync::Naive, Sync::Bucketed, Sync::Overlapped] {
-        let ((plain, _), (linked, shown)) = (measure(sync, None, &args)?, measure(sync, Some(link), &args)?);
-        println!("| {sync:?} | {} | {} |", ms(plain), ms(linked));
-        rows.push((plain, linked));
+    for sync in [Sync::Naive, Sync::Bucketed, Sync::Overlapped, Sync::OverlappedCopying] {
+        let ((plain, plain_after, _), (linked, linked_after, shown)) =
+            (measure(sync, None, &args)?, measure(sync, Some(link), &args)?);
+        println!(
+            "| {sync:?} | {} | {} | {} | {} |",
+            ms(plain),
+            ms(linked),
+            ms(plain_after),
+            ms(linked_after)
+        );
+        rows.push((plain, linked, plain_after, linked_after));
         timeline = timeline.or(shown);
     }
-    // What the link adds to each step, against the same sync without it.
-    let ((bucketed, bucketed_link), (overlapped, overlapped_link)) = (rows[1], rows[2]);
-    let communication = bucketed_link.saturating_sub(bucketed);
-    let exposed = overlapped_link.saturating_sub(overlapped);
+    // What the link adds after backward, against the same sync without it:
+    // all of the bucketed sync's communication, and what overlap left
+    // exposed. (The whole steps vary by about a millisecond from one spawn
+    // to the next on a busy machine; the part after backward much less.)
+    let (bucketed, overlapped) = (rows[1], rows[2]);
+    let communication = bucketed.3.saturating_sub(bucketed.2);
+    let exposed = overlapped.3.saturating_sub(overlapped.2);
     let hidden = 1.0 - exposed.as_secs_f64() / communication.as_secs_f64().max(1e-9);
     println!(
-        "\nThe link adds {} to the bucketed step and {} to the overlapped one: {:.0}% of the \
-         communication time hidden.",
+        "\nAfter backward, the link adds {} to the bucketed sync and {} to the overlapped one: \
+         {:.0}% of the communication time hidden.",
         ms(communication),
         ms(exposed),
         100.0 * hidden
+    );
+    // Views: the buckets are the gradients. Copies: gradients and buckets.
+    let gradient_bytes = gradient_bytes();
+    let saved = rows[3].2.as_secs_f64() - rows[2].2.as_secs_f64();
+    println!(
+        "Gradients as bucket views hold {:.0} KiB of gradients in the buckets themselves, where \
+         copying holds them twice ({:.0} KiB); the copies back after backward cost {:.2} ms per \
+         step here (no link; the copies in happen during backward).",
+        gradient_bytes as f64 / 1024.0,
+        2.0 * gradient_bytes as f64 / 1024.0,
+        saved * 1e3
     );
     if let Some(timeline) = timeline {
         println!("\n{timeline}");
