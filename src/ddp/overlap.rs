@@ -189,7 +189,8 @@ impl OverlappedBuckets {
             let mut p = self.lock();
             p.armed = false;
             p.works.clear();
-            p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
+            let Progress { state, buckets, .. } = &mut *p;
+            state.reset(buckets.layout());
             p.interrupted = false;
             panic!("{message} (in a gradient-ready hook during backward)");
         }
@@ -216,7 +217,8 @@ impl OverlappedBuckets {
                 (p.steps.finish_bucket)(pg.as_ref(), &p.buckets.layout[b], &mut buffer, work, &p.params);
             result = result.and(finished);
         }
-        p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
+        let Progress { state, buckets, .. } = &mut *p;
+        state.reset(buckets.layout());
         result?;
         unused_check(pg.as_ref(), &p.buckets, &p.params, &unused, find_unused_parameters, &p.tag)?;
         if std::mem::replace(&mut p.replan_pending, false) {

@@ -41,6 +41,14 @@ impl BucketProgress {
         BucketProgress { bucket_of, pending, ready: vec![false; param_count], next_bucket: 0 }
     }
 
+    /// Back to nothing ready, for the next pass over the same `layout`
+    /// (`bucket_of` stays: it changes only with the layout).
+    pub fn reset(&mut self, layout: &[Bucket]) {
+        self.pending.iter_mut().zip(layout).for_each(|(pending, b)| *pending = b.params.len());
+        self.ready.iter_mut().for_each(|r| *r = false);
+        self.next_bucket = 0;
+    }
+
     /// The parameters not marked ready in this pass.
     pub fn not_ready(&self) -> Vec<usize> {
         (0..self.ready.len()).filter(|&i| !self.ready[i]).collect()
