@@ -1,6 +1,6 @@
 //! examples/bench_overlap.rs: what overlapping communication with backward
 //! hides. The tiny GPT on 2 in-process ranks, one micro-batch of 16
-//! sequences per rank, small buckets (32 KiB); the time of forward + backward + sync
+//! sequences per rank, small buckets (16 KiB); the time of forward + backward + sync
 //! with three syncs: naive (one all-reduce per parameter, after backward),
 //! bucketed (one per bucket, after backward) and overlapped (each bucket
 //! leaves during backward, `ddp::OverlappedBuckets`, gradients as bucket
@@ -32,9 +32,14 @@ use machine::load_average;
     about = "Step time of naive, bucketed and overlapped gradient syncs, with and without a simulated link"
 )]
 struct Args {
-    /// Timed steps per case (the median is reported), after 3 untimed ones.
+    /// Timed steps per case and round, after 3 untimed ones.
     #[arg(long, default_value_t = 20)]
     steps: usize,
+    /// Rounds: every case runs once per round, in a fresh group, and the
+    /// median is over the steps of all rounds (one group's threads can land
+    /// worse on a busy machine's cores than the next one's).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// The simulated link's latency per all-reduce, in microseconds.
     #[arg(long, default_value_t = 50.0)]
     latency_us: f64,
@@ -42,7 +47,8 @@ struct Args {
     #[arg(long, default_value_t = 10.0)]
     gbit: f64,
     /// Bucket cap in KiB (the first bucket gets at most a quarter of it).
-    #[arg(long, default_value_t = 32)]
+    /// Small, because what stays exposed is the last bucket backward fills.
+    #[arg(long, default_value_t = 16)]
     bucket_kib: usize,
     /// Also print when each bucket left in the last overlapped step.
     #[arg(long)]
@@ -59,14 +65,17 @@ enum Sync {
     OverlappedCopying,
 }
 
-/// Rank 0's median step time (forward, backward, sync) for `sync`, the
-/// median time from the end of backward to the end of the sync (the
-/// communication left exposed), and the timeline if asked for.
+/// The step times (forward, backward, sync) for `sync`, from the barrier
+/// that starts a step to the moment the last rank's sync ends; the times
+/// from the end of the last rank's backward to that moment (the
+/// communication left exposed: a rank that finished backward early waits
+/// for the last one in any sync, so that wait is not counted); and the
+/// timeline if asked for.
 fn measure(
     sync: Sync,
     link: Option<SimulatedLink>,
     args: &Args,
-) -> anyhow::Result<(Duration, Duration, Option<String>)> {
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, Option<String>)> {
     let mut options = SpawnOptions::new(2);
     if let Some(link) = link {
         options = options.link(link);
@@ -91,7 +100,7 @@ fn measure(
             }
             _ => None,
         };
-        let (mut times, mut after_backward, mut timeline) = (vec![], vec![], None);
+        let (mut times, mut timeline) = (vec![], None);
         for step in 0..args.steps + 3 {
             let (inputs, targets, mask) = task.batch((step * 32 + pg.rank() * 16) as i64 % 480, 16);
             for (_, p) in &params {
@@ -119,17 +128,22 @@ fn measure(
                 (_, None) => unreachable!("the overlapped syncs have their buckets"),
             }
             if step >= 3 {
-                times.push(started.elapsed());
-                after_backward.push(backward_ended.elapsed());
+                times.push((started, backward_ended, Instant::now()));
             }
         }
-        let median = |mut v: Vec<Duration>| {
-            v.sort();
-            v[v.len() / 2]
-        };
-        Ok((median(times), median(after_backward), timeline))
+        Ok((times, timeline))
     })?;
-    Ok(per_rank.into_iter().next().expect("rank 0"))
+    let timeline = per_rank.iter().find_map(|(_, shown)| shown.clone());
+    let (mut steps, mut after_backward) = (vec![], vec![]);
+    for step in 0..args.steps {
+        let times = || per_rank.iter().map(|(times, _)| times[step]);
+        let started = times().map(|t| t.0).min().expect("ranks");
+        let backward_ended = times().map(|t| t.1).max().expect("ranks");
+        let synced = times().map(|t| t.2).max().expect("ranks");
+        steps.push(synced - started);
+        after_backward.push(synced.saturating_duration_since(backward_ended));
+    }
+    Ok((steps, after_backward, timeline))
 }
 
 /// When each bucket left in the last step, from the step's start and against
@@ -159,6 +173,11 @@ fn gradient_bytes() -> usize {
     named_parameters(&vs).iter().map(|(_, p)| p.numel() * p.kind().elt_size_in_bytes()).sum()
 }
 
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
 fn tag_of(step: usize) -> String {
     format!("step {step}")
 }
@@ -170,33 +189,42 @@ fn ms(d: Duration) -> String {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
-        args.steps > 0 && args.gbit > 0.0 && args.bucket_kib > 0,
-        "--steps, --gbit and --bucket-kib must be positive"
+        args.steps > 0 && args.rounds > 0 && args.gbit > 0.0 && args.bucket_kib > 0,
+        "--steps, --rounds, --gbit and --bucket-kib must be positive"
     );
     let link = SimulatedLink::new(Duration::from_secs_f64(args.latency_us * 1e-6), args.gbit);
     let load_before = load_average();
     println!(
-        "tiny GPT, 2 in-process ranks, 16 sequences per rank, buckets of {} KiB, median of {} steps\n",
-        args.bucket_kib, args.steps
+        "tiny GPT, 2 in-process ranks, 16 sequences per rank, buckets of {} KiB, median of {} steps ({} rounds of {})\n",
+        args.bucket_kib,
+        args.steps * args.rounds,
+        args.rounds,
+        args.steps
     );
     println!(
         "| sync | step, no link | step, link ({0} µs, {1} Gbit/s) | after backward, no link | after backward, link |\n\
          | --- | ---: | ---: | ---: | ---: |",
         args.latency_us, args.gbit
     );
-    let (mut rows, mut timeline) = (vec![], None);
-    for sync in [Sync::Naive, Sync::Bucketed, Sync::Overlapped, Sync::OverlappedCopying] {
-        let ((plain, plain_after, _), (linked, linked_after, shown)) =
-            (measure(sync, None, &args)?, measure(sync, Some(link), &args)?);
-        println!(
-            "| {sync:?} | {} | {} | {} | {} |",
-            ms(plain),
-            ms(linked),
-            ms(plain_after),
-            ms(linked_after)
-        );
-        rows.push((plain, linked, plain_after, linked_after));
-        timeline = timeline.or(shown);
+    const SYNCS: [Sync; 4] = [Sync::Naive, Sync::Bucketed, Sync::Overlapped, Sync::OverlappedCopying];
+    // samples[case][link on][step time, after backward]
+    let mut samples = vec![[[vec![], vec![]], [vec![], vec![]]]; SYNCS.len()];
+    let mut timeline = None;
+    for _round in 0..args.rounds {
+        for (case, &sync) in SYNCS.iter().enumerate() {
+            for (linked, link) in [None, Some(link)].into_iter().enumerate() {
+                let (steps, after, shown) = measure(sync, link, &args)?;
+                samples[case][linked][0].extend(steps);
+                samples[case][linked][1].extend(after);
+                timeline = shown.or(timeline);
+            }
+        }
+    }
+    let mut rows = vec![];
+    for (sync, [[plain, plain_after], [linked, linked_after]]) in SYNCS.iter().zip(samples) {
+        let row = (median(plain), median(linked), median(plain_after), median(linked_after));
+        println!("| {sync:?} | {} | {} | {} | {} |", ms(row.0), ms(row.1), ms(row.2), ms(row.3));
+        rows.push(row);
     }
     // What the link adds after backward, against the same sync without it:
     // all of the bucketed sync's communication, and what overlap left

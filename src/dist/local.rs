@@ -111,7 +111,9 @@ fn bytes(tensor: &Tensor) -> u64 {
 }
 
 /// This rank's side of all-reduce `seq`, then, with a simulated link, a
-/// wait until the link's time for it has passed.
+/// wait for the link's time. The link's clock starts when the call
+/// completes here, that is once every rank has joined: no byte can cross
+/// the link before the last rank has handed its tensor over.
 fn finish_all_reduce(
     world: &World,
     rank: usize,
@@ -120,10 +122,9 @@ fn finish_all_reduce(
     output: &mut Tensor,
     link_time: Option<Duration>,
 ) -> Result<(), DistError> {
-    let began = Instant::now();
     world.complete_all_reduce(rank, seq, name, output)?;
     if let Some(link_time) = link_time {
-        std::thread::sleep(link_time.saturating_sub(began.elapsed()));
+        super::link::sleep_until(Instant::now() + link_time);
     }
     Ok(())
 }
