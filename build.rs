@@ -11,6 +11,8 @@
 //!    hooks and `.grad` installation, which tch does not expose.
 //! 3. With the `mpi` feature, compile src/dist/mpi/in_place.c with the MPI
 //!    compiler wrapper (`mpicc`, or the one MPICC names).
+//! 4. With the `nccl` feature, add the project's .nccl/ folder (where
+//!    scripts/setup.sh links the wheel's NCCL as libnccl.so) as an rpath.
 
 use std::path::Path;
 
@@ -20,6 +22,11 @@ fn main() {
     }
     if std::env::var_os("CARGO_FEATURE_MPI").is_some() {
         compile_mpi_shim();
+    }
+    if std::env::var_os("CARGO_FEATURE_NCCL").is_some() {
+        // cudarc opens `libnccl.so` by name; scripts/setup.sh links it here.
+        let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join(".nccl");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", folder.display());
     }
 }
 

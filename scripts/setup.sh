@@ -12,13 +12,14 @@
 #      NCCL: about 2.7 GB to download, 4.6 GB on disk);
 #   5. writes .cargo/libtorch.toml (git-ignored), which tells cargo where this
 #      machine's libtorch is, so that plain `cargo build` just works;
-#   6. installs Open MPI and libclang with apt-get (as root, or through
+#   6. links .nccl/libnccl.so to the wheel's NCCL, for the `nccl` feature;
+#   7. installs Open MPI and libclang with apt-get (as root, or through
 #      sudo), for the `mpi` feature: ranks as processes started by mpirun;
-#   7. installs mdBook, the tool that builds the book in chapters/;
-#   8. renders the book to book/ (open book/index.html);
-#   9. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
+#   8. installs mdBook, the tool that builds the book in chapters/;
+#   9. renders the book to book/ (open book/index.html);
+#  10. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
 #      compiled once: 7-20 minutes on 2 cores) and Jupyter in .venv.
-# To add a step (NCCL, ...): write a `step_...` function and add its
+# To add a step: write a `step_...` function and add its
 # name to STEPS and a title to TITLES at the bottom.
 #
 # It never asks questions, so it runs unattended in CI (CI=true).
@@ -187,6 +188,27 @@ EOF
     done_already "wrote .cargo/libtorch.toml: LIBTORCH = $dir"
 }
 
+# The nccl feature loads NCCL through cudarc, which opens `libnccl.so`; the
+# wheel ships `libnccl.so.2` (nvidia/nccl/lib, next to torch). A link under
+# the project's own .nccl/ gives it that name without touching .venv; the
+# binaries look in .nccl/ (build.rs bakes it in as an rpath).
+step_nccl_link() {
+    local dir target link="$REPO_ROOT/.nccl/libnccl.so"
+    dir="$(torch_dir)"
+    target="$(cd "$dir/.." && pwd)/nvidia/nccl/lib/libnccl.so.2"
+    if [[ ! -f "$target" ]]; then
+        say "this torch wheel carries no NCCL ($target): the nccl feature will say so at run time"
+        return
+    fi
+    if [[ -L "$link" && "$(readlink "$link")" == "$target" ]]; then
+        done_already ".nccl/libnccl.so -> $target"
+        return
+    fi
+    mkdir -p "$REPO_ROOT/.nccl"
+    ln -sfn "$target" "$link"
+    done_already "linked .nccl/libnccl.so -> $target"
+}
+
 # Where `cargo install` puts binaries.
 CARGO_BIN="${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}/bin"
 
@@ -267,13 +289,14 @@ step_mpi() {
 
 # ------------------------------------------------------------------- main
 
-STEPS=(rust python venv torch libtorch_config mpi mdbook book notebooks)
+STEPS=(rust python venv torch libtorch_config nccl_link mpi mdbook book notebooks)
 TITLES=(
     "Rust toolchain"
     "Python 3"
     "virtual environment .venv"
     "PyTorch $TORCH_VERSION (libtorch) in .venv"
     "tell cargo where libtorch is (.cargo/libtorch.toml)"
+    "NCCL under the name cudarc loads (.nccl/libnccl.so)"
     "Open MPI and libclang (the mpi feature)"
     "mdBook $MDBOOK_VERSION (builds the book)"
     "the book, rendered to book/"

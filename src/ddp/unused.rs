@@ -26,7 +26,9 @@ pub(super) fn unused_check(
     tag: &str,
 ) -> Result<(), DistError> {
     let n = params.len() as i64;
-    let mut mask = Tensor::zeros([2, n], (tch::Kind::Int, tch::Device::Cpu)); // [unused here, used here]
+    // On the parameters' device: a GPU backend moves GPU tensors only.
+    let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
+    let mut mask = Tensor::zeros([2, n], (tch::Kind::Int, device)); // [unused here, used here]
     let _ = mask.get(1).fill_(1);
     for &i in unused {
         let _ = mask.get(0).get(i as i64).fill_(1);

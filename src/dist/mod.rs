@@ -29,6 +29,8 @@ mod link;
 mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod p2p;
 mod spawn;
 mod split_reduce;
