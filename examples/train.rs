@@ -7,6 +7,8 @@
 //! As processes (MPI; `scripts/launch.sh` wraps mpirun):
 //!           cargo build --release --features mpi --example train
 //!           scripts/launch.sh -np 2 target/release/examples/train --backend mpi
+//! On GPUs (NCCL; one rank per GPU, as threads, or as processes under mpirun):
+//!           cargo run --release --features nccl --example train -- --backend nccl
 //!
 //! This file is only the command line: the flags, the progress bar and the
 //! final report. The loop itself is `ddp_workbook::train` (src/train/).
@@ -24,6 +26,10 @@ use ddp_workbook::dist;
 use ddp_workbook::train::{self, default_threads_per_rank, Event, RankOutcome, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
+#[path = "support/train_backends.rs"]
+mod backends;
+use backends::{as_process, on_gpus};
+
 // ANCHOR: flags
 /// Train the tiny GPT on the sorting task with Distributed Data Parallel
 /// (in-process ranks). Defaults reach the target accuracy in a few minutes
@@ -32,11 +38,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 #[command(version, allow_negative_numbers = true)]
 struct Args {
     /// in-process: the ranks are threads of this process; mpi: this process is
-    /// one rank of a job that scripts/launch.sh (mpirun) started
+    /// one rank of a job that scripts/launch.sh (mpirun) started; nccl: one
+    /// rank per GPU (threads, or processes under scripts/launch.sh)
     #[arg(long, value_enum, default_value_t = Backend::InProcess)]
     backend: Backend,
-    /// Number of ranks (in-process backend; under MPI the launcher's -np sets it)
-    /// [default: 2]
+    /// Where the model trains; cuda needs --backend nccl [default: cuda with
+    /// nccl, else cpu]
+    #[arg(long, value_enum)]
+    device: Option<DeviceArg>,
+    /// Number of ranks (in-process backend; nccl: at most one per GPU; under
+    /// MPI the launcher's -np sets it) [default: 2; nccl: every GPU]
     #[arg(long)]
     world_size: Option<usize>,
     /// Sequences per rank per micro-batch
@@ -97,6 +108,13 @@ struct Args {
 enum Backend {
     InProcess,
     Mpi,
+    Nccl,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
 }
 
 impl Args {
@@ -104,7 +122,7 @@ impl Args {
     /// processes on this machine (LOCAL_WORLD_SIZE).
     fn ranks_here(&self) -> usize {
         match (self.backend, dist::LaunchEnv::from_env()) {
-            (Backend::Mpi, Ok(Some(env))) => env.local_world_size.unwrap_or(env.world_size),
+            (Backend::Mpi | Backend::Nccl, Ok(Some(env))) => env.local_world_size.unwrap_or(env.world_size),
             _ => self.world_size(),
         }
     }
@@ -113,8 +131,9 @@ impl Args {
     /// takes the group's in the end; this one splits --global-batch-size).
     fn world_size(&self) -> usize {
         match (self.backend, dist::LaunchEnv::from_env()) {
-            (Backend::Mpi, Ok(Some(env))) => env.world_size,
+            (Backend::Mpi | Backend::Nccl, Ok(Some(env))) => env.world_size,
             (Backend::Mpi, _) => 1, // started without a launcher: a world of one
+            (Backend::Nccl, _) => self.world_size.unwrap_or_else(backends::gpu_count),
             _ => self.world_size.unwrap_or(TrainConfig::default().world_size),
         }
     }
@@ -201,9 +220,25 @@ fn main() -> ExitCode {
         eprintln!("{} panicked: {}", thread.name().unwrap_or("a thread"), dist::panic_in_words(message));
     }));
     let args = Args::parse();
-    if args.backend == Backend::Mpi && args.world_size.is_some() {
+    let launched = matches!(dist::LaunchEnv::from_env(), Ok(Some(_)));
+    if (args.backend == Backend::Mpi || args.backend == Backend::Nccl && launched)
+        && args.world_size.is_some()
+    {
         eprintln!("error: under MPI the launcher sets the number of ranks: drop --world-size and pass -np N to scripts/launch.sh");
         return ExitCode::from(2);
+    }
+    match (args.backend, args.device) {
+        (Backend::Nccl, Some(DeviceArg::Cpu)) => {
+            eprintln!(
+                "error: NCCL moves GPU tensors only: drop --device cpu, or pick --backend in-process or mpi"
+            );
+            return ExitCode::from(2);
+        }
+        (Backend::InProcess | Backend::Mpi, Some(DeviceArg::Cuda)) => {
+            eprintln!("error: training on GPUs goes through NCCL: pass --backend nccl (under scripts/launch.sh too)");
+            return ExitCode::from(2);
+        }
+        _ => {}
     }
     let config = match args.config() {
         Ok(config) => config,
@@ -218,10 +253,12 @@ fn main() -> ExitCode {
             .unwrap(),
     );
     let started = Instant::now();
-    if args.backend == Backend::Mpi {
-        return as_process(&config, &bar, started, args.target_accuracy);
-    }
-    let outcomes = train::train(&config, &|event| report(&bar, event));
+    let outcomes = match (args.backend, launched) {
+        (Backend::Mpi, _) => return as_process(&config, &bar, started, args.target_accuracy, false),
+        (Backend::Nccl, true) => return as_process(&config, &bar, started, args.target_accuracy, true),
+        (Backend::Nccl, false) => on_gpus(&config, &bar),
+        (Backend::InProcess, _) => train::train(&config, &|event| report(&bar, event)),
+    };
     bar.finish_and_clear();
     match outcomes {
         Ok(outcomes) => summarise(&config, &outcomes, started.elapsed().as_secs_f64(), args.target_accuracy),
@@ -230,30 +267,6 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-// ANCHOR: as_process
-/// This process is one rank of an MPI job: `run` joins it (and ends the
-/// whole job, naming this rank, if the run fails); rank 0 reports.
-#[cfg(feature = "mpi")]
-fn as_process(config: &TrainConfig, bar: &ProgressBar, started: Instant, target: f64) -> ExitCode {
-    let (rank, world_size, outcome) = dist::mpi::run(|pg| {
-        let outcome = train::train_as_process(pg.clone(), config, &|event| report(bar, event))?;
-        Ok((pg.rank(), pg.world_size(), outcome))
-    });
-    bar.finish_and_clear();
-    if rank != 0 {
-        return ExitCode::SUCCESS; // rank 0 speaks for the job
-    }
-    let config = TrainConfig { world_size, ..config.clone() };
-    summarise(&config, &[outcome], started.elapsed().as_secs_f64(), target)
-}
-// ANCHOR_END: as_process
-
-#[cfg(not(feature = "mpi"))]
-fn as_process(_: &TrainConfig, _: &ProgressBar, _: Instant, _: f64) -> ExitCode {
-    eprintln!("error: this build has no MPI backend: build with `--features mpi` (scripts/setup.sh installs Open MPI)");
-    ExitCode::from(2)
 }
 
 // ANCHOR: summary

@@ -13,15 +13,15 @@
 #              exists, and nothing points at files outside the repository
 #   stubs      every exercise `pub fn` carries its solution's doc comment and
 #              signature, and its body is the chapter's todo!("exercise chNN: ...")
-#   solutions  cargo test --features solutions,mpi: every test and doc test
+#   solutions  cargo test --features solutions,mpi,nccl: every test and doc test
 #              (the MPI tests start mpirun jobs of 2 and 3 processes)
 #   teeth      each tests/chapter_NN.rs FAILS on the untouched stubs, saying
 #              `exercise chNN:` (outside CI, a chapter whose exercise.rs you
 #              have edited is skipped: your solution is meant to pass)
 #   notebooks  every notebook runs in the Rust kernel, is committed without
 #              outputs, and the notebook runner's own tests pass
-#   clippy     cargo clippy --all-targets --features solutions,mpi -- -D warnings
-#   train      cargo run --release --features mpi --example train reaches its target
+#   clippy     cargo clippy --all-targets --features solutions,mpi,nccl -- -D warnings
+#   train      cargo run --release --features mpi,nccl --example train reaches its target
 #   mpi        the same run on 2 processes reaches it too:
 #              scripts/launch.sh -np 2 target/release/examples/train --backend mpi
 #

@@ -41,7 +41,10 @@ fn without_a_gpu_every_entry_point_says_why() {
     };
     assert!(why.contains("CUDA") || why.contains("GPU"), "{why}");
     let ran = std::sync::atomic::AtomicBool::new(false);
-    let spawned = nccl::spawn_on_gpus(1, |_| Ok(ran.store(true, std::sync::atomic::Ordering::SeqCst)));
+    let spawned = nccl::spawn_on_gpus(1, |_| {
+        ran.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    });
     assert_eq!(spawned.unwrap_err(), why);
     assert!(!ran.into_inner(), "no rank may start without a GPU");
     let joined = nccl::join(0, 1, 0, &UniqueId::new().unwrap()).err().unwrap().to_string();
@@ -82,13 +85,19 @@ fn collectives_on_every_gpu() {
         for (op, expected) in [(ReduceOp::Max, n - 1.0), (ReduceOp::Min, 0.0), (ReduceOp::Product, 0.0)] {
             let mut t = Tensor::from_slice(&[rank]).to_device(gpu);
             pg.all_reduce(&mut t, op)?;
-            assert_eq!(t.double_value(&[0]), if world == 1 && op == ReduceOp::Product { 0.0 } else { expected });
+            assert_eq!(
+                t.double_value(&[0]),
+                if world == 1 && op == ReduceOp::Product { 0.0 } else { expected }
+            );
         }
         let mut b = Tensor::from_slice(&[rank as i64; 3]).to_device(gpu);
         pg.broadcast(&mut b, world - 1)?;
         assert_eq!(Vec::<i64>::try_from(b.to_device(Device::Cpu))?, [world as i64 - 1; 3]);
         let gathered = pg.all_gather(&Tensor::from_slice(&[rank as f32]).to_device(gpu))?;
-        assert_eq!(gathered.iter().map(|t| t.double_value(&[0])).collect::<Vec<_>>(), (0..world).map(|r| r as f64).collect::<Vec<_>>());
+        assert_eq!(
+            gathered.iter().map(|t| t.double_value(&[0])).collect::<Vec<_>>(),
+            (0..world).map(|r| r as f64).collect::<Vec<_>>()
+        );
         let mine = pg.reduce_scatter(&Tensor::ones([world as i64, 2], (Kind::Float, gpu)), ReduceOp::Sum)?;
         assert_eq!(Vec::<f32>::try_from(mine.reshape([-1]).to_device(Device::Cpu))?, [n as f32; 2]);
         let mut cpu = Tensor::from_slice(&[1.0f32]); // staged through the GPU
@@ -135,7 +144,9 @@ fn ddp_on_cuda_matches_one_process_on_the_global_batch() {
     let (per_rank, sizes) = (8i64, [4i64, 32, 32, 1]);
     let batch = || {
         let rows = per_rank * world as i64;
-        ddp_workbook::with_seed(7, || (Tensor::randn([rows, 4], FLOAT_CPU), Tensor::randn([rows, 1], FLOAT_CPU)))
+        ddp_workbook::with_seed(7, || {
+            (Tensor::randn([rows, 4], FLOAT_CPU), Tensor::randn([rows, 1], FLOAT_CPU))
+        })
     };
     let weights = nccl::spawn_on_gpus(world, |pg| {
         let (gpu, (x, y)) = (Device::Cuda(pg.rank()), batch());

@@ -20,11 +20,15 @@ use tch::Tensor;
 use crate::dist::{spawn, SpawnError};
 
 pub mod checkpoint;
+#[cfg(feature = "nccl")]
+mod gpu;
 pub mod optim;
 mod run;
 mod saving;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Progress, Setting};
+#[cfg(feature = "nccl")]
+pub use gpu::{train_as_gpu_process, train_on_gpus};
 pub use optim::AdamW;
 pub use run::{evaluate, lr_at, train_rank, StepPhases};
 
@@ -67,6 +71,9 @@ pub struct TrainConfig {
     pub stop_after: Option<usize>,
     /// libtorch's intra-op threads for each rank; `None` leaves libtorch's default.
     pub threads_per_rank: Option<usize>,
+    /// This rank's device: the CPU, or a GPU (`Device::Cuda(i)`: with the
+    /// NCCL backend each rank gets its own, rank r on `cuda:r`).
+    pub device: tch::Device,
 }
 
 impl Default for TrainConfig {
@@ -89,6 +96,7 @@ impl Default for TrainConfig {
             resume: false,
             stop_after: None,
             threads_per_rank: Some(default_threads_per_rank(2)),
+            device: tch::Device::Cpu,
         }
     }
 }

@@ -85,7 +85,8 @@ pub fn train_rank(
     let gpt_config =
         GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
     // Same seed on every rank: the same initial weights (chapter 2).
-    let (vs, gpt) = Gpt::seeded(config.seed as i64, &gpt_config, Kind::Float);
+    let (mut vs, gpt) = Gpt::seeded(config.seed as i64, &gpt_config, Kind::Float);
+    vs.set_device(config.device); // built on the CPU, bitwise alike everywhere, then moved
 
     let saved = match (&config.checkpoint, config.resume) {
         (Some(path), true) => Some((path, load_for_resume(path, config)?)),
@@ -134,6 +135,9 @@ pub fn train_rank(
         let mut last_micro_batch = None;
         for i in 0..k {
             let (inputs, targets, mask) = micro_batch(&task, cursor.next_micro_batch(config.batch_size));
+            let device = config.device;
+            let (inputs, targets, mask) =
+                (inputs.to_device(device), targets.to_device(device), mask.to_device(device));
             phases.data += lap.next();
             let logits = ddp.forward(&inputs); // [batch, seq, vocab]
             let loss = masked_cross_entropy(&logits, &targets, &mask) / k as f64; // [], divided by k (chapter 4)
@@ -241,9 +245,12 @@ impl Lap {
     }
 }
 
-/// The model's parameters, then its buffers: what a checkpoint saves of it.
+/// The model's parameters, then its buffers: what a checkpoint saves of
+/// it, on the CPU (a copy when the model is on a GPU; the same tensors
+/// when it is not).
 fn model_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
-    named_parameters(vs).into_iter().chain(named_buffers(vs)).collect()
+    let on_cpu = |(name, t): (String, Tensor)| (name, t.to_device(tch::Device::Cpu));
+    named_parameters(vs).into_iter().chain(named_buffers(vs)).map(on_cpu).collect()
 }
 
 /// The checkpoint file if one is due after `step`: every `checkpoint_every`
@@ -284,6 +291,11 @@ pub fn evaluate(model: &Gpt, config: &TrainConfig) -> Evaluation {
         for start in (0..held_out.len()).step_by(500) {
             let len = (held_out.len() - start).min(500);
             let (inputs, targets, mask) = held_out.batch(start, len);
+            let (inputs, targets, mask) = (
+                inputs.to_device(config.device),
+                targets.to_device(config.device),
+                mask.to_device(config.device),
+            );
             let logits = tch::nn::Module::forward(model, &inputs); // [len, seq, vocab]
                                                                    // Every sequence has the same number of scored positions: weigh chunks by length.
             loss += masked_cross_entropy(&logits, &targets, &mask).double_value(&[]) * len as f64;

@@ -80,7 +80,9 @@ pub fn check_writable(path: &Path) -> Result<(), CheckpointError> {
 /// The checkpoint it replaces stays as [`previous_path`].
 pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
     let fail = |detail: String| CheckpointError::Write { path: path.to_path_buf(), detail };
-    let mut tensors = entries(checkpoint);
+    // Optimizer state on a GPU is written from a CPU copy.
+    let on_cpu = |(name, t): (String, Tensor)| (name, t.to_device(tch::Device::Cpu));
+    let mut tensors: Vec<(String, Tensor)> = entries(checkpoint).into_iter().map(on_cpu).collect();
     tensors.push(("train.checksum".to_string(), Tensor::from_slice(&[checksum(&tensors)])));
     let tmp = temporary_path(path);
     let written = Tensor::write_safetensors(&tensors, &tmp)

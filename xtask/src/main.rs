@@ -26,11 +26,11 @@ const CHECKS: &[(&str, &str)] = &[
     ("stubs", "each exercise pub fn has its solution's doc comment and signature, and a todo!(\"exercise chNN: ...\")"),
     ("hints", "each exercise has graded hints 1, 2, 3 in its hints.md, and its chapter page shows every one"),
     ("runner", "cargo test -p xtask: the runner's and the workbook command's own tests (counted per test)"),
-    ("solutions", "cargo test --features solutions,mpi: every test and doc test passes (counted per test)"),
+    ("solutions", "cargo test --features solutions,mpi,nccl: every test and doc test passes (counted per test)"),
     ("teeth", "each tests/chapter_NN.rs fails on the untouched stubs, saying `exercise chNN:` (one per chapter)"),
     ("notebooks", "every notebook runs in the Rust kernel (counted per notebook), is committed clean, and the runner's own tests pass"),
-    ("clippy", "cargo clippy --all-targets --features solutions,mpi -- -D warnings, and the same for xtask"),
-    ("train", "cargo run --release --features mpi --example train reaches its accuracy target"),
+    ("clippy", "cargo clippy --all-targets --features solutions,mpi,nccl -- -D warnings, and the same for xtask"),
+    ("train", "cargo run --release --features mpi,nccl --example train reaches its accuracy target"),
     ("mpi", "the same run as 2 processes: scripts/launch.sh -np 2 target/release/examples/train --backend mpi"),
 ];
 

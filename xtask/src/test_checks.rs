@@ -21,7 +21,7 @@ const SOLUTIONS_LIMIT: Duration = Duration::from_secs(30 * 60);
 pub const CHAPTER_LIMIT: Duration = Duration::from_secs(10 * 60);
 
 pub fn solutions(ctx: &Context, report: &mut Report) {
-    report.section("cargo test --features solutions,mpi (all tests and doc tests, reference solutions)");
+    report.section("cargo test --features solutions,mpi,nccl (all tests and doc tests, reference solutions)");
     let log_path = ctx.log("solutions.log");
     let mut log = match File::create(&log_path) {
         Ok(file) => file,
@@ -34,7 +34,7 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
     let hung = format!("stopped after {}: it hangs", describe_limit(SOLUTIONS_LIMIT));
 
     let (build, outcome) =
-        match executables::build(ctx, &["--features", "solutions,mpi"], time_left(), &mut log, true) {
+        match executables::build(ctx, &["--features", "solutions,mpi,nccl"], time_left(), &mut log, true) {
             Ok(built) => built,
             Err(error) => {
                 return report.check("solutions", Outcome::Fail, &format!("could not start cargo: {error}"))
@@ -47,7 +47,7 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
         println!();
         print_errors(&outcome, 60);
         let detail =
-            "cargo test --no-run --features solutions,mpi failed: a build error (see above), no test ran";
+            "cargo test --no-run --features solutions,mpi,nccl failed: a build error (see above), no test ran";
         return report.check("solutions", Outcome::Fail, detail);
     }
 
@@ -66,7 +66,7 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
             }
         };
         println!("        {} passed, {} failed, {} ignored", tally.passed, tally.failed, tally.ignored);
-        print_failures(&executable, &tally, 20, " --features solutions,mpi");
+        print_failures(&executable, &tally, 20, " --features solutions,mpi,nccl");
         (passed, failed, ignored) = (passed + tally.passed, failed + tally.failed, ignored + tally.ignored);
         if finished.timed_out {
             let detail =
@@ -92,7 +92,7 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
     report.tally_line("solutions", &detail);
 }
 
-/// `cargo test --doc --features solutions,mpi`, counted from its `test result:`
+/// `cargo test --doc --features solutions,mpi,nccl`, counted from its `test result:`
 /// lines (doc tests run inside rustdoc's own harness, with no JSON output).
 fn doc_tests(
     ctx: &Context,
@@ -100,9 +100,9 @@ fn doc_tests(
     limit: Option<Duration>,
     log: &mut File,
 ) -> (usize, usize, usize) {
-    println!("   Doc-tests (cargo test --doc --features solutions,mpi)");
+    println!("   Doc-tests (cargo test --doc --features solutions,mpi,nccl)");
     let mut command = ctx.cargo();
-    command.args(["test", "--doc", "--features", "solutions,mpi"]);
+    command.args(["test", "--doc", "--features", "solutions,mpi,nccl"]);
     let doc_log = ctx.log("solutions-doc.log");
     let _ = writeln!(log, "\n(doc tests: see {})", ctx.display(&doc_log));
     let captured = match process::run_logged(command, limit, &doc_log, true) {
@@ -118,7 +118,7 @@ fn doc_tests(
         report.check("solutions", Outcome::Fail, &detail);
     } else if !captured.finished.success() && totals.1 == 0 {
         let detail =
-            "cargo test --doc --features solutions,mpi failed outside any test (build error or crash, see above)";
+            "cargo test --doc --features solutions,mpi,nccl failed outside any test (build error or crash, see above)";
         report.check("solutions", Outcome::Fail, detail);
     }
     totals

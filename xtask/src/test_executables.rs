@@ -124,7 +124,7 @@ pub fn describe_end(finished: &Finished, tally: &SuiteTally) -> String {
 
 /// Prints the first `count` failed tests' names and panic messages (the
 /// whole output is in the log), indented, with the command that runs each
-/// again (`extra_args`: ` --features solutions,mpi`).
+/// again (`extra_args`: ` --features solutions,mpi,nccl`).
 pub fn print_failures(executable: &TestExecutable, tally: &SuiteTally, count: usize, extra_args: &str) {
     for (name, output) in tally.failures.iter().take(count) {
         println!("    FAILED  {}  {name}", executable.target_name);

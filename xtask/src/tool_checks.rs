@@ -194,12 +194,16 @@ pub fn last_passed_failed_line(output: &str) -> Option<(usize, usize)> {
 }
 
 pub fn clippy(ctx: &Context, report: &mut Report) {
-    report
-        .section("cargo clippy --all-targets --features solutions,mpi -- -D warnings (and the xtask crate)");
+    report.section(
+        "cargo clippy --all-targets --features solutions,mpi,nccl -- -D warnings (and the xtask crate)",
+    );
     // The workspace's two members separately: the `solutions` feature exists
     // only in ddp-workbook, and the runner must stay lint-clean as well.
     let runs: [(&[&str], &str); 2] = [
-        (&["clippy", "--all-targets", "--features", "solutions,mpi", "--", "-D", "warnings"], "clippy.log"),
+        (
+            &["clippy", "--all-targets", "--features", "solutions,mpi,nccl", "--", "-D", "warnings"],
+            "clippy.log",
+        ),
         (&["clippy", "--package", "xtask", "--all-targets", "--", "-D", "warnings"], "clippy-xtask.log"),
     ];
     for (args, log_name) in runs {
@@ -235,13 +239,14 @@ fn print_lints(output: &str, max_lines: usize) {
 }
 
 pub fn train(ctx: &Context, report: &mut Report) {
-    report.section("cargo run --release --features mpi --example train: the real run reaches its target");
+    report
+        .section("cargo run --release --features mpi,nccl --example train: the real run reaches its target");
     // The default run trains the tiny GPT on 2 ranks and exits 0 only when
     // its held-out accuracy reaches the stated target (its last line says
     // PASS). Its numbers are the same on every run; only the wall time varies.
     // With the `mpi` feature, so that the `mpi` check reuses this build.
     let mut command = ctx.cargo();
-    command.args(["run", "--release", "--features", "mpi", "--example", "train"]);
+    command.args(["run", "--release", "--features", "mpi,nccl", "--example", "train"]);
     training_run(ctx, report, "train", command, "the default training run");
 }
 
@@ -252,7 +257,7 @@ pub fn train_mpi(ctx: &Context, report: &mut Report) {
     // The README's launch command: the same run as `train`, as two
     // processes that mpirun starts and the MPI backend connects.
     let mut build = ctx.cargo();
-    build.args(["build", "--release", "--features", "mpi", "--example", "train"]);
+    build.args(["build", "--release", "--features", "mpi,nccl", "--example", "train"]);
     let limit = ctx.limit(CHAPTER_LIMIT);
     let Some(built) = run_or_fail(report, "mpi", build, limit, ctx.log("mpi-build.log"), false) else {
         return;

@@ -18,7 +18,9 @@ impl NcclProcessGroup {
     fn check_peer(&self, op: &str, what: &str, peer: usize) -> Result<(), DistError> {
         match peer < self.world {
             true => Ok(()),
-            false => Err(self.invalid(op, format!("{what} {peer} is not a rank of a group of {}", self.world))),
+            false => {
+                Err(self.invalid(op, format!("{what} {peer} is not a rank of a group of {}", self.world)))
+            }
         }
     }
 
@@ -62,7 +64,8 @@ impl ProcessGroup for NcclProcessGroup {
         self.agree(&self.call(Op::Broadcast { root }, tensor))?;
         self.count(tensor, |s| s.broadcast += 1);
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(op))?;
-        let (data, count, kind) = (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
+        let (data, count, kind) =
+            (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
         let pending = self.launch(op, vec![buf.shallow_clone()], |comm| {
             // SAFETY: `buf` is on this GPU and kept alive by `pending`.
             comm.queue(|c, s| unsafe { nccl::broadcast(data, data, count, kind, root as i32, c, s) })
@@ -81,7 +84,8 @@ impl ProcessGroup for NcclProcessGroup {
         self.agree(&self.call(Op::AllReduce(reduce), tensor))?;
         self.count(tensor, |s| s.all_reduce += 1);
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(&op))?;
-        let (data, count, kind) = (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
+        let (data, count, kind) =
+            (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
         let how = ffi::reduction(reduce);
         let pending = self.launch(&op, vec![buf.shallow_clone()], |comm| {
             // SAFETY: `buf` is on this GPU and kept alive by `pending`.
@@ -98,8 +102,11 @@ impl ProcessGroup for NcclProcessGroup {
                 inner.finish(&op, pending)?;
                 if copied {
                     let mut target = target;
-                    tch::no_grad(|| target.f_copy_(&buf))
-                        .map_err(|cause| DistError::Torch { rank, op: op.clone(), cause })?;
+                    tch::no_grad(|| target.f_copy_(&buf)).map_err(|cause| DistError::Torch {
+                        rank,
+                        op: op.clone(),
+                        cause,
+                    })?;
                 }
                 Ok(())
             },
@@ -138,7 +145,8 @@ impl ProcessGroup for NcclProcessGroup {
         self.check_reduction(&op, tensor, reduce)?;
         let mut shape = tensor.size();
         if shape.is_empty() || shape[0] % self.world as i64 != 0 {
-            let detail = format!("dimension 0 of a {shape:?} tensor does not split into {} equal chunks", self.world);
+            let detail =
+                format!("dimension 0 of a {shape:?} tensor does not split into {} equal chunks", self.world);
             return Err(self.invalid(&op, detail));
         }
         self.agree(&self.call(Op::ReduceScatter(reduce), tensor))?;
@@ -177,8 +185,10 @@ impl ProcessGroup for NcclProcessGroup {
         let staged = tch::no_grad(|| tensor.f_to_device(self.device()).and_then(|t| t.f_contiguous()));
         let copy = staged.map_err(self.torch(&op))?.copy();
         let signature = self.p2p_signature(tensor);
-        let (data, count, kind) = (ffi::pointer(&copy), copy.numel(), ffi::data_type(copy.kind()).expect("checked"));
-        let (sig, byte, debug) = (ffi::pointer(&signature), ffi::data_type(Kind::Uint8).expect("u8"), self.debug);
+        let (data, count, kind) =
+            (ffi::pointer(&copy), copy.numel(), ffi::data_type(copy.kind()).expect("checked"));
+        let (sig, byte, debug) =
+            (ffi::pointer(&signature), ffi::data_type(Kind::Uint8).expect("u8"), self.debug);
         let peer = dst as i32;
         let pending = self.launch(&op, vec![copy.shallow_clone(), signature.shallow_clone()], |comm| {
             // SAFETY: both buffers are on this GPU and kept alive by `pending`.
@@ -214,12 +224,14 @@ impl ProcessGroup for NcclProcessGroup {
                     let bytes = Vec::<u8>::try_from(t.to_device(tch::Device::Cpu)).unwrap_or_default();
                     String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string()
                 };
-                let detail = format!("rank {src} sent a {}, this rank expects a {}", text(&got), text(&expected));
+                let detail =
+                    format!("rank {src} sent a {}, this rank expects a {}", text(&got), text(&expected));
                 return Err(DistError::Mismatch { rank: self.inner.rank, op, detail });
             }
         }
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(&op))?;
-        let (data, count, kind) = (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
+        let (data, count, kind) =
+            (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
         let pending: Pending = self.launch(&op, vec![buf.shallow_clone()], |comm| {
             // SAFETY: `buf` is on this GPU and kept alive by `pending`.
             comm.queue(|c, s| unsafe { nccl::recv(data, count, kind, peer, c, s) })

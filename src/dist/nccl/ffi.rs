@@ -270,7 +270,10 @@ impl Comm {
     /// communicator and the stream in NCCL's types.
     pub fn queue(
         &self,
-        call: impl FnOnce(nccl_sys::ncclComm_t, nccl_sys::cudaStream_t) -> Result<nccl::NcclStatus, nccl::NcclError>,
+        call: impl FnOnce(
+            nccl_sys::ncclComm_t,
+            nccl_sys::cudaStream_t,
+        ) -> Result<nccl::NcclStatus, nccl::NcclError>,
     ) -> Result<(), String> {
         if self.raw.is_null() {
             return Err("the communicator was aborted".into());
@@ -283,7 +286,7 @@ impl Drop for Comm {
     fn drop(&mut self) {
         _ = self.device.bind();
         self.abort(); // nothing is in flight by now: the group waited for it
-        // SAFETY: the stream was created by `start_join` and is idle.
+                      // SAFETY: the stream was created by `start_join` and is idle.
         _ = unsafe { cuda::stream::destroy(self.stream) };
     }
 }
@@ -292,7 +295,7 @@ impl Drop for Comm {
 /// with `blocking = 0`: every field unset but the non-blocking flag.
 fn non_blocking_config() -> nccl_sys::ncclConfig_t {
     const UNSET: i32 = i32::MIN; // NCCL_CONFIG_UNDEF_INT
-    // SAFETY: the struct is plain integers and pointers; zero is valid.
+                                 // SAFETY: the struct is plain integers and pointers; zero is valid.
     let mut config: nccl_sys::ncclConfig_t = unsafe { std::mem::zeroed() };
     config.size = std::mem::size_of::<nccl_sys::ncclConfig_t>();
     config.magic = 0xcafe_beef;

@@ -93,7 +93,7 @@ impl NcclProcessGroup {
     }
 
     /// Fails unless the tensor is defined, on this rank's GPU (or the CPU:
-/// see [`on_gpu`]), of a type NCCL has.
+    /// see [`on_gpu`]), of a type NCCL has.
     fn check(&self, op: &str, tensor: &Tensor) -> Result<(), DistError> {
         if !tensor.defined() {
             return Err(self.invalid(op, "the tensor is undefined (a gradient never computed?)".into()));

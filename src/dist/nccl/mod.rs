@@ -89,7 +89,9 @@ pub fn join(rank: usize, world: usize, ordinal: usize, id: &UniqueId) -> Result<
     let fail = |detail: String| DistError::Invalid { rank, op: "joining NCCL".into(), detail };
     let gpus = available().map_err(fail)?;
     if rank >= world || ordinal >= gpus {
-        return Err(fail(format!("rank {rank} of {world} on cuda:{ordinal}, but this machine has {gpus} GPU(s)")));
+        return Err(fail(format!(
+            "rank {rank} of {world} on cuda:{ordinal}, but this machine has {gpus} GPU(s)"
+        )));
     }
     let timeout = timeout_from_env().map_err(fail)?;
     let debug = debug_from_env().map_err(fail)?;
@@ -103,11 +105,13 @@ pub fn bootstrap(over: &dyn ProcessGroup, ordinal: usize) -> Result<NcclProcessG
     let rank = over.rank();
     let mut id = Tensor::zeros([128], (Kind::Uint8, Device::Cpu));
     if rank == 0 {
-        let made = UniqueId::new().map_err(|detail| DistError::Invalid { rank, op: "NCCL's id".into(), detail })?;
+        let made =
+            UniqueId::new().map_err(|detail| DistError::Invalid { rank, op: "NCCL's id".into(), detail })?;
         id = Tensor::from_slice(&made.0);
     }
     over.broadcast(&mut id, 0)?;
-    let bytes = Vec::<u8>::try_from(&id).map_err(|cause| DistError::Torch { rank, op: "NCCL's id".into(), cause })?;
+    let bytes =
+        Vec::<u8>::try_from(&id).map_err(|cause| DistError::Torch { rank, op: "NCCL's id".into(), cause })?;
     join(rank, over.world_size(), ordinal, &UniqueId(bytes.try_into().expect("128 bytes")))
 }
 
@@ -145,7 +149,15 @@ where
                 let (job, body, failures) = (job.clone(), &body, &failures);
                 scope.spawn(move || {
                     let run = || -> anyhow::Result<T> {
-                        let group = NcclProcessGroup::join(rank, world, rank, &id.0, timeout, debug, Some(job.clone()))?;
+                        let group = NcclProcessGroup::join(
+                            rank,
+                            world,
+                            rank,
+                            &id.0,
+                            timeout,
+                            debug,
+                            Some(job.clone()),
+                        )?;
                         body(Arc::new(group))
                     };
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
