@@ -6,8 +6,6 @@
 //! They use every GPU the machine has (one rank per GPU; with one GPU, a
 //! world of one, which still runs every NCCL call).
 
-mod common;
-
 use ddp_workbook::ddp::SimpleDistributedDataParallelism;
 use ddp_workbook::dist::nccl::{self, UniqueId};
 use ddp_workbook::dist::{spawn, Group, ReduceOp};
