@@ -11,6 +11,8 @@ examples/bench_vs_pytorch.rs runs it in alternating rounds with ours:
     cargo run --release --features mpi --example bench_vs_pytorch
 
 Run alone: .venv/bin/python scripts/bench_torch_ddp.py --steps 200
+On GPUs:   .venv/bin/python scripts/bench_torch_ddp.py --device cuda --world-size 1
+           (NCCL, one process per GPU: the world size at most the GPU count)
 Prints `tokens_per_second N` (rank 0's, over the timed steps).
 """
 
@@ -93,14 +95,17 @@ def masked_cross_entropy(logits, targets, mask):
 
 def run(rank, world_size, port, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # On GPUs: NCCL, rank r on cuda:r, as the workbook's --backend nccl.
+    device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if args.device == "cuda" else None)
     torch.set_num_threads(1)
     torch.manual_seed(1337)
-    sequences = sorting_task(1337, args.train_sequences)
-    model = DistributedDataParallel(Gpt())
+    sequences = sorting_task(1337, args.train_sequences).to(device)
+    model = DistributedDataParallel(Gpt().to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     sampler = DistributedSampler(range(len(sequences)), world_size, rank, shuffle=True, seed=1337)
-    mask = (torch.arange(2 * HALF_LEN) >= HALF_LEN).float().expand(args.batch_size, -1)
+    mask = (torch.arange(2 * HALF_LEN, device=device) >= HALF_LEN).float().expand(args.batch_size, -1)
     epoch, shard, position = 0, list(sampler), 0
 
     def next_micro_batch():
@@ -126,6 +131,8 @@ def run(rank, world_size, port, args):
                 loss.backward()
             loss.item()  # read each loss, as the workbook's loop does
         optimizer.step()
+    if args.device == "cuda":
+        torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - started
     if rank == 0:
         tokens = args.steps * args.batch_size * args.accum_steps * world_size * 2 * HALF_LEN
@@ -146,6 +153,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--accum-steps", type=int, default=2)
     parser.add_argument("--train-sequences", type=int, default=20_000)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: NCCL, one process per GPU (--world-size at most the GPU count)")
     args = parser.parse_args()
     mp.spawn(run, args=(args.world_size, free_port(), args), nprocs=args.world_size)
 
