@@ -113,6 +113,7 @@ impl NcclProcessGroup {
         }
     }
 
+    // ANCHOR: launch
     /// Queues `calls` behind everything libtorch has queued so far, then an
     /// event behind them. On any failure the communicator is aborted.
     fn launch(
@@ -136,6 +137,7 @@ impl NcclProcessGroup {
             Err(cause) => Err(self.inner.fail(op, format!("queueing it failed: {cause}"))),
         }
     }
+    // ANCHOR_END: launch
 
     /// In debug mode, every rank learns every rank's call (an all-gather of
     /// their descriptions), and all fail with a mismatch if they differ.
@@ -205,6 +207,7 @@ impl Inner {
         DistError::Broken { rank: self.rank, op: op.into(), cause }
     }
 
+    // ANCHOR: finish
     /// Waits for `pending` to complete on the GPU: its event, the
     /// communicator's own errors, a peer's failure, and the deadline.
     fn finish(&self, op: &str, pending: Pending) -> Result<(), DistError> {
@@ -238,6 +241,7 @@ impl Inner {
             }
         }
     }
+    // ANCHOR_END: finish
 }
 
 /// The tensor itself if NCCL can write into it; else a contiguous copy on
