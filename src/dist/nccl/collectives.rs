@@ -6,7 +6,7 @@ use cudarc::nccl::result as nccl;
 use tch::{Kind, Tensor};
 
 use super::super::ffi;
-use super::{on_gpu, NcclProcessGroup, Pending, SIGNATURE_BYTES};
+use super::{on_gpu, NcclProcessGroup};
 use crate::dist::call::Op;
 use crate::dist::{CommStats, DistError, ProcessGroup, ReduceOp, Work};
 
@@ -35,13 +35,6 @@ impl NcclProcessGroup {
         }
         Ok(())
     }
-
-    /// The point-to-point signature: what the receiver must expect.
-    fn p2p_signature(&self, tensor: &Tensor) -> Tensor {
-        let mut bytes = format!("{:?}{:?}", tensor.kind(), tensor.size()).into_bytes();
-        bytes.resize(SIGNATURE_BYTES as usize, 0);
-        Tensor::from_slice(&bytes).to_device(self.device())
-    }
 }
 
 impl ProcessGroup for NcclProcessGroup {
@@ -59,6 +52,7 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
         let op = "broadcast";
+        self.exchange(op, None)?; // sends go before the next collective (p2p.rs)
         self.check(op, tensor)?;
         self.check_peer(op, "root", root)?;
         self.agree(&self.call(Op::Broadcast { root }, tensor))?;
@@ -79,6 +73,7 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn all_reduce_async(&self, tensor: &Tensor, reduce: ReduceOp) -> Result<Work, DistError> {
         let op = format!("all_reduce({})", reduce.name());
+        self.exchange(&op, None)?; // sends go before the next collective (p2p.rs)
         self.check(&op, tensor)?;
         self.check_reduction(&op, tensor, reduce)?;
         self.agree(&self.call(Op::AllReduce(reduce), tensor))?;
@@ -122,6 +117,7 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
         let op = "all_gather";
+        self.exchange(op, None)?; // sends go before the next collective (p2p.rs)
         self.check(op, tensor)?;
         self.agree(&self.call(Op::AllGather, tensor))?;
         self.count(tensor, |s| s.all_gather += 1);
@@ -141,6 +137,7 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn reduce_scatter(&self, tensor: &Tensor, reduce: ReduceOp) -> Result<Tensor, DistError> {
         let op = format!("reduce_scatter({})", reduce.name());
+        self.exchange(&op, None)?; // sends go before the next collective (p2p.rs)
         self.check(&op, tensor)?;
         self.check_reduction(&op, tensor, reduce)?;
         let mut shape = tensor.size();
@@ -165,6 +162,7 @@ impl ProcessGroup for NcclProcessGroup {
     }
 
     fn barrier(&self) -> Result<(), DistError> {
+        self.exchange("barrier", None)?;
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).barrier += 1;
         let token = Tensor::zeros([1], (Kind::Float, self.device()));
         let data = ffi::pointer(&token);
@@ -176,31 +174,15 @@ impl ProcessGroup for NcclProcessGroup {
         self.inner.finish("barrier", pending)
     }
 
+    /// Queued, not posted: see p2p.rs for why.
     fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
         let op = format!("send to rank {dst}");
         self.check(&op, tensor)?;
         self.check_peer(&op, "destination", dst)?;
-        self.prune_sends();
-        // A copy of its own: the caller may change `tensor` before NCCL sends it.
-        let staged = tch::no_grad(|| tensor.f_to_device(self.device()).and_then(|t| t.f_contiguous()));
-        let copy = staged.map_err(self.torch(&op))?.copy();
-        let signature = self.p2p_signature(tensor);
-        let (data, count, kind) =
-            (ffi::pointer(&copy), copy.numel(), ffi::data_type(copy.kind()).expect("checked"));
-        let (sig, byte, debug) =
-            (ffi::pointer(&signature), ffi::data_type(Kind::Uint8).expect("u8"), self.debug);
-        let peer = dst as i32;
-        let pending = self.launch(&op, vec![copy.shallow_clone(), signature.shallow_clone()], |comm| {
-            // SAFETY: both buffers are on this GPU and kept alive by `pending`.
-            if debug {
-                comm.queue(|c, s| unsafe { nccl::send(sig, SIGNATURE_BYTES as usize, byte, peer, c, s) })?;
-            }
-            comm.queue(|c, s| unsafe { nccl::send(data, count, kind, peer, c, s) })
-        })?;
+        self.queue_send(&op, tensor, dst)?;
         let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         stats.send += 1;
-        stats.p2p_bytes_sent += (copy.numel() * copy.kind().elt_size_in_bytes()) as u64;
-        self.sends.lock().unwrap_or_else(|p| p.into_inner()).push(pending);
+        stats.p2p_bytes_sent += (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64;
         Ok(())
     }
 
@@ -209,34 +191,8 @@ impl ProcessGroup for NcclProcessGroup {
         self.check(&op, tensor)?;
         self.check_peer(&op, "source", src)?;
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).recv += 1;
-        let peer = src as i32;
-        if self.debug {
-            let expected = self.p2p_signature(tensor);
-            let got = expected.zeros_like();
-            let (into, byte) = (ffi::pointer(&got), ffi::data_type(Kind::Uint8).expect("u8"));
-            let pending = self.launch(&op, vec![got.shallow_clone()], |comm| {
-                // SAFETY: `got` is on this GPU and kept alive by `pending`.
-                comm.queue(|c, s| unsafe { nccl::recv(into, SIGNATURE_BYTES as usize, byte, peer, c, s) })
-            })?;
-            self.inner.finish(&op, pending)?;
-            if !got.equal(&expected) {
-                let text = |t: &Tensor| {
-                    let bytes = Vec::<u8>::try_from(t.to_device(tch::Device::Cpu)).unwrap_or_default();
-                    String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string()
-                };
-                let detail =
-                    format!("rank {src} sent a {}, this rank expects a {}", text(&got), text(&expected));
-                return Err(DistError::Mismatch { rank: self.inner.rank, op, detail });
-            }
-        }
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(&op))?;
-        let (data, count, kind) =
-            (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
-        let pending: Pending = self.launch(&op, vec![buf.shallow_clone()], |comm| {
-            // SAFETY: `buf` is on this GPU and kept alive by `pending`.
-            comm.queue(|c, s| unsafe { nccl::recv(data, count, kind, peer, c, s) })
-        })?;
-        self.inner.finish(&op, pending)?;
+        self.exchange(&op, Some((&buf, src)))?; // with this rank's queued sends
         if copied {
             tch::no_grad(|| tensor.f_copy_(&buf)).map_err(self.torch(&op))?;
         }
@@ -249,12 +205,9 @@ impl ProcessGroup for NcclProcessGroup {
 }
 
 impl Drop for NcclProcessGroup {
-    /// Sends still in flight hold their buffers: wait for them (bounded by
-    /// the deadline) before the communicator goes.
+    /// Sends still queued are posted and waited for (until the deadline),
+    /// so that their receivers get them.
     fn drop(&mut self) {
-        let sends = std::mem::take(&mut *self.sends.lock().unwrap_or_else(|p| p.into_inner()));
-        for send in sends {
-            _ = self.inner.finish("a send still in flight when the group was dropped", send);
-        }
+        _ = self.exchange("sends still queued when the group was dropped", None);
     }
 }

@@ -1,17 +1,18 @@
-//! src/dist/nccl/ffi.rs: every raw NCCL and CUDA driver call of the NCCL
-//! backend, through cudarc's `result` layer, each failure turned into a
-//! sentence. cudarc opens both libraries the first time one of their
+//! src/dist/nccl/ffi.rs: the raw NCCL calls of the NCCL backend, through
+//! cudarc's `result` layer, each failure turned into a sentence (the CUDA
+//! driver's are in cuda.rs). cudarc opens NCCL the first time one of its
 //! functions is called, and panics if it cannot; so nothing here calls
-//! NCCL before [`nccl_library`], or the driver before [`cuda_library`], has
-//! found the library. Tested by `cargo test --features nccl --test nccl`.
+//! NCCL before [`nccl_library`] has found it. Tested by
+//! `cargo test --features nccl --test nccl`.
 
 use std::ffi::{c_void, CStr};
 use std::time::Instant;
 
-use cudarc::driver::{result as cuda, sys as cuda_sys, DriverError};
+use cudarc::driver::{result as driver, sys as driver_sys};
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use tch::Kind;
 
+use super::cuda::{cuda_text, Device};
 use crate::dist::ReduceOp;
 
 /// NCCL's unique id: the 128 bytes every rank needs to join one communicator.
@@ -27,10 +28,6 @@ fn nccl_text(error: nccl::NcclError) -> String {
     format!("NCCL returned {:?}: {text}", error.0)
 }
 
-fn cuda_text(error: DriverError) -> String {
-    format!("the CUDA driver returned {error}")
-}
-
 /// Whether NCCL can be loaded, or what to do about it.
 pub fn nccl_library() -> Result<(), String> {
     // SAFETY: tries to open the library under its usual names, then closes it.
@@ -40,17 +37,6 @@ pub fn nccl_library() -> Result<(), String> {
                       as `libnccl.so.2`: run scripts/setup.sh, which links .nccl/libnccl.so to the \
                       wheel's copy (the binaries look there), or start the program with a folder \
                       holding a `libnccl.so` on LD_LIBRARY_PATH"
-            .into()),
-    }
-}
-
-/// Whether the CUDA driver can be loaded, or why not.
-pub fn cuda_library() -> Result<(), String> {
-    // SAFETY: as in nccl_library.
-    match unsafe { cuda_sys::is_culib_present() } {
-        true => Ok(()),
-        false => Err("the CUDA driver (libcuda.so.1) was not found: this machine has no NVIDIA \
-                      driver, so no GPU for NCCL to run on"
             .into()),
     }
 }
@@ -68,13 +54,6 @@ pub fn unique_id() -> Result<IdBytes, String> {
     nccl_library()?;
     let id = nccl::get_uniqueid().map_err(nccl_text)?;
     Ok(id.internal.map(|c| c as u8))
-}
-
-/// How many GPUs the driver sees.
-pub fn device_count() -> Result<usize, String> {
-    cuda_library()?;
-    cuda::init().map_err(cuda_text)?;
-    Ok(cuda::device::get_count().map_err(cuda_text)?.max(0) as usize)
 }
 
 /// NCCL's name for a tensor element type; `None` for the ones it lacks.
@@ -107,91 +86,6 @@ pub fn reduction(op: ReduceOp) -> nccl_sys::ncclRedOp_t {
     }
 }
 
-/// A GPU's primary context, the one libtorch uses too; released on drop.
-pub struct Device {
-    device: cuda_sys::CUdevice,
-    context: cuda_sys::CUcontext,
-}
-
-// SAFETY: a CUDA context may be made current on any thread.
-unsafe impl Send for Device {}
-
-impl Device {
-    pub fn retain(ordinal: usize) -> Result<Device, String> {
-        cuda_library()?;
-        cuda::init().map_err(cuda_text)?;
-        let device = cuda::device::get(ordinal as i32).map_err(cuda_text)?;
-        // SAFETY: `device` came from the driver.
-        let context = unsafe { cuda::primary_ctx::retain(device) }.map_err(cuda_text)?;
-        let device = Device { device, context };
-        device.bind()?;
-        Ok(device)
-    }
-
-    /// Makes the context current on the calling thread: every driver call
-    /// acts on the current context, and a caller may be any thread (the
-    /// overlap hooks run on libtorch's autograd thread for the GPU).
-    pub fn bind(&self) -> Result<(), String> {
-        // SAFETY: the context is retained until drop.
-        unsafe { cuda::ctx::set_current(self.context) }.map_err(cuda_text)
-    }
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        // SAFETY: balances the retain in `Device::retain`.
-        _ = unsafe { cuda::primary_ctx::release(self.device) };
-    }
-}
-
-/// The legacy default stream, where libtorch runs its kernels unless told
-/// otherwise (tch never tells it otherwise).
-pub fn torch_stream() -> cuda_sys::CUstream {
-    cuda::stream::null()
-}
-
-/// A CUDA event: a point in one stream's queue of work.
-pub struct Event(cuda_sys::CUevent);
-
-// SAFETY: events may be queried and destroyed from any thread.
-unsafe impl Send for Event {}
-
-impl Event {
-    /// An event recorded now on `stream`: it completes when everything
-    /// queued on `stream` before it has.
-    pub fn record_on(stream: cuda_sys::CUstream) -> Result<Event, String> {
-        let flags = cuda_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-        let event = Event(cuda::event::create(flags).map_err(cuda_text)?);
-        // SAFETY: both handles are live.
-        unsafe { cuda::event::record(event.0, stream) }.map_err(cuda_text)?;
-        Ok(event)
-    }
-
-    /// Makes `stream` wait, on the GPU, for this event; the host goes on.
-    pub fn block(&self, stream: cuda_sys::CUstream) -> Result<(), String> {
-        let flags = cuda_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
-        // SAFETY: both handles are live.
-        unsafe { cuda::stream::wait_event(stream, self.0, flags) }.map_err(cuda_text)
-    }
-
-    pub fn is_done(&self) -> Result<bool, String> {
-        // SAFETY: the event is live.
-        match unsafe { cuda::event::query(self.0) } {
-            Ok(()) => Ok(true),
-            Err(DriverError(cuda_sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
-            Err(error) => Err(cuda_text(error)),
-        }
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: destroying a recorded event is allowed; the driver frees
-        // it once its work is done.
-        _ = unsafe { cuda::event::destroy(self.0) };
-    }
-}
-
 /// What a non-blocking communicator says about its last call.
 pub enum State {
     Ready,
@@ -204,7 +98,7 @@ pub enum State {
 /// every wait here has a deadline, and `abort` can always end it.
 pub struct Comm {
     raw: nccl_sys::ncclComm_t,
-    pub stream: cuda_sys::CUstream,
+    pub stream: driver_sys::CUstream,
     pub device: Device,
 }
 
@@ -217,7 +111,7 @@ impl Comm {
     pub fn start_join(ordinal: usize, rank: usize, world: usize, id: &IdBytes) -> Result<Comm, String> {
         nccl_library()?;
         let device = Device::retain(ordinal)?;
-        let stream = cuda::stream::create(cuda::stream::StreamKind::NonBlocking).map_err(cuda_text)?;
+        let stream = driver::stream::create(driver::stream::StreamKind::NonBlocking).map_err(cuda_text)?;
         let mut config = non_blocking_config();
         let id = nccl_sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
         let mut raw: nccl_sys::ncclComm_t = std::ptr::null_mut();
@@ -287,7 +181,7 @@ impl Drop for Comm {
         _ = self.device.bind();
         self.abort(); // nothing is in flight by now: the group waited for it
                       // SAFETY: the stream was created by `start_join` and is idle.
-        _ = unsafe { cuda::stream::destroy(self.stream) };
+        _ = unsafe { driver::stream::destroy(self.stream) };
     }
 }
 

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use cudarc::nccl::result as nccl;
 use tch::{Device, Kind, Tensor};
 
-use super::ffi::{self, Comm, Event, IdBytes, State};
+use super::cuda::{self, Event};
+use super::ffi::{self, Comm, IdBytes, State};
 use crate::dist::call::{Call, Op};
 use crate::dist::{current_tag, CommStats, DistError};
 
@@ -47,8 +48,8 @@ pub struct NcclProcessGroup {
     ordinal: usize,
     debug: bool,
     stats: Mutex<CommStats>,
-    /// Sends queued but maybe not yet received (a send returns at once).
-    sends: Mutex<Vec<Pending>>,
+    /// Sends not yet posted (see p2p.rs).
+    sends: Mutex<Vec<p2p::QueuedSend>>,
 }
 
 const SIGNATURE_BYTES: i64 = 256;
@@ -126,7 +127,7 @@ impl NcclProcessGroup {
         let comm = self.inner.comm.lock().unwrap_or_else(|p| p.into_inner());
         let queued = (|| {
             comm.device.bind()?;
-            Event::record_on(ffi::torch_stream())?.block(comm.stream)?;
+            Event::record_on(cuda::torch_stream())?.block(comm.stream)?;
             calls(&comm)?;
             comm.settle(Instant::now() + self.inner.timeout)?;
             Event::record_on(comm.stream)
@@ -182,12 +183,6 @@ impl NcclProcessGroup {
     fn call(&self, op: Op, tensor: &Tensor) -> Call {
         let shape = tensor.size();
         Call { op, shape, kind: Some(tensor.kind()), tag: current_tag() }
-    }
-
-    /// Drops the sends that have been received.
-    fn prune_sends(&self) {
-        let mut sends = self.sends.lock().unwrap_or_else(|p| p.into_inner());
-        sends.retain(|send| !matches!(send.done.is_done(), Ok(true)));
     }
 }
 
@@ -258,3 +253,5 @@ fn on_gpu(tensor: &Tensor, gpu: Device) -> Result<(Tensor, bool), tch::TchError>
 
 #[path = "collectives.rs"]
 mod collectives;
+#[path = "p2p.rs"]
+mod p2p;

@@ -30,12 +30,17 @@
 //! - with `DDP_DEBUG` unset (or `detail`) every collective first all-gathers
 //!   its signature (operation, dtype, shape, root, tag), and every send is
 //!   preceded by its shape and dtype, so ranks that disagree get a
-//!   `Mismatch`. `DDP_DEBUG=off` skips it.
+//!   `Mismatch`. `DDP_DEBUG=off` skips it;
+//! - a send returns at once, as on the other backends, but it is only
+//!   queued: NCCL posts it with this rank's next receive (so that a ring of
+//!   sends cannot deadlock), or before its next collective. A send must
+//!   therefore be received before the receiver's next collective.
 //!
 //! Not yet verified on a GPU: see the book's GPU chapter for what ran where.
-//! Files: `group.rs`, `collectives.rs` (the `ProcessGroup`), `ffi.rs` (NCCL
-//! and the CUDA driver). Tests: `cargo test --features nccl --test nccl`.
+//! Files: `group.rs`, `collectives.rs` and `p2p.rs` (the `ProcessGroup`),
+//! `ffi.rs` (NCCL), `cuda.rs` (the CUDA driver). Tests: `cargo test --features nccl --test nccl`.
 
+mod cuda;
 mod ffi;
 mod group;
 
@@ -52,8 +57,8 @@ use group::JobWatch;
 /// How many GPUs NCCL can use here, or, in words, why none.
 pub fn available() -> Result<usize, String> {
     ffi::nccl_library()?;
-    ffi::cuda_library()?;
-    match ffi::device_count()? {
+    cuda::cuda_library()?;
+    match cuda::device_count()? {
         0 => Err("the CUDA driver is installed, but it sees no GPU (is CUDA_VISIBLE_DEVICES empty?)".into()),
         gpus => Ok(gpus),
     }
