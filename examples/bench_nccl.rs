@@ -1,9 +1,10 @@
 //! examples/bench_nccl.rs: the NCCL backend's all_reduce on this machine's
-//! GPUs: one rank per GPU (with one GPU, a world of one, where NCCL only
-//! copies), a float32 tensor of 4, 25 and 256 MiB, one SUM per round after
-//! a barrier; prints the median time of the slowest rank and the algorithm
-//! bandwidth (tensor bytes / time) and bus bandwidth (x 2(N-1)/N, what
-//! nccl-tests reports). Needs a GPU; elsewhere it says why and exits 2.
+//! GPUs: one rank per GPU, a float32 tensor of 4, 25 and 256 MiB, one SUM
+//! per round after a barrier; prints the median time of the slowest rank and
+//! the algorithm bandwidth (tensor bytes / time) and bus bandwidth
+//! (x 2(N-1)/N, what nccl-tests reports). With one GPU (a world of one) an
+//! in-place sum moves nothing, so the times are the call's own cost and no
+//! bandwidth is printed. Needs a GPU; elsewhere it says why and exits 2.
 //!
 //! Run: cargo run --release --features nccl --example bench_nccl
 //!      cargo run --release --features nccl --example bench_nccl -- --ranks 1 --rounds 50
@@ -31,6 +32,10 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.rounds == 0 || args.mib.iter().any(|&mib| mib.is_nan() || mib <= 0.0) {
+        eprintln!("error: --rounds and every --mib must be positive");
+        return ExitCode::from(2);
+    }
     let gpus = match nccl::available() {
         Ok(gpus) => gpus,
         Err(why) => {
@@ -73,9 +78,14 @@ fn main() -> ExitCode {
     };
     for (i, &mib) in args.mib.iter().enumerate() {
         let slowest = per_rank.iter().map(|times| times[i]).max().expect("ranks");
+        let time = slowest.as_secs_f64() * 1e3;
+        if world == 1 {
+            println!("| {mib} | {time:.3} ms | (one rank: nothing moves) | |");
+            continue;
+        }
         let algorithm = mib * 1024.0 * 1024.0 / slowest.as_secs_f64() / 1e9;
         let bus = algorithm * 2.0 * (world as f64 - 1.0) / world as f64;
-        println!("| {mib} | {:.3} ms | {algorithm:.1} GB/s | {bus:.1} GB/s |", slowest.as_secs_f64() * 1e3);
+        println!("| {mib} | {time:.3} ms | {algorithm:.1} GB/s | {bus:.1} GB/s |");
     }
     ExitCode::SUCCESS
 }

@@ -63,14 +63,20 @@ fn bootstrap_over_a_cpu_group_fails_cleanly_without_a_gpu() {
     }
 }
 
-fn gpus() -> usize {
-    nccl::available().unwrap_or_else(|why| panic!("{NEEDS_GPU}; here: {why}"))
+/// The GPU tests take turns: two communicators spinning on the same GPUs
+/// at once can deadlock each other (NCCL's documentation warns of it).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Every GPU, while this test holds the GPUs for itself.
+fn gpus() -> (usize, std::sync::MutexGuard<'static, ()>) {
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    (nccl::available().unwrap_or_else(|why| panic!("{NEEDS_GPU}; here: {why}")), turn)
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn collectives_on_every_gpu() {
-    let world = gpus();
+    let (world, _turn) = gpus();
     nccl::spawn_on_gpus(world, |pg| {
         let (rank, n, gpu) = (pg.rank() as f64, world as f64, Device::Cuda(pg.rank()));
         let mut t = Tensor::from_slice(&[rank + 1.0, 2.0]).to_device(gpu);
@@ -117,7 +123,7 @@ fn collectives_on_every_gpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn a_tensor_on_another_device_is_refused_in_words() {
-    let world = gpus();
+    let (world, _turn) = gpus();
     nccl::spawn_on_gpus(world, |pg| {
         let elsewhere = Tensor::zeros([1], (Kind::Float, Device::Cuda((pg.rank() + 1) % world)));
         if world > 1 {
@@ -138,7 +144,7 @@ fn a_tensor_on_another_device_is_refused_in_words() {
 #[test]
 #[ignore = "needs a GPU"]
 fn ddp_on_cuda_matches_one_process_on_the_global_batch() {
-    let world = gpus();
+    let (world, _turn) = gpus();
     let (per_rank, sizes) = (8i64, [4i64, 32, 32, 1]);
     let batch = || {
         let rows = per_rank * world as i64;
@@ -177,7 +183,7 @@ fn ddp_on_cuda_matches_one_process_on_the_global_batch() {
 #[test]
 #[ignore = "needs a GPU"]
 fn bootstrap_then_all_reduce() {
-    let _ = gpus();
+    let (_, _turn) = gpus();
     let sums = spawn(1, |pg: Group| {
         let gpu_group = nccl::bootstrap(pg.as_ref(), 0)?;
         let mut t = Tensor::ones([4], (Kind::Float, Device::Cuda(0)));

@@ -179,7 +179,9 @@ pub trait ProcessGroup: Send + Sync {
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<(), DistError>;
     /// Sends a copy of `tensor` to rank `dst`. Sends are buffered, so this
-    /// returns without waiting for the matching `recv`.
+    /// returns without waiting for the matching `recv`. (On NCCL the copy
+    /// waits on this rank until its next `recv` or collective, which then
+    /// waits until it is received: see `dist::nccl`.)
     fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError>;
     /// Receives the next tensor that rank `src` sent to this rank into
     /// `tensor`, which must have the same shape and dtype.

@@ -179,6 +179,9 @@ impl ProcessGroup for NcclProcessGroup {
         let op = format!("send to rank {dst}");
         self.check(&op, tensor)?;
         self.check_peer(&op, "destination", dst)?;
+        if dst == self.inner.rank {
+            return Err(self.invalid(&op, "a rank cannot send to itself: copy the tensor instead".into()));
+        }
         self.queue_send(&op, tensor, dst)?;
         let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         stats.send += 1;
@@ -190,6 +193,9 @@ impl ProcessGroup for NcclProcessGroup {
         let op = format!("recv from rank {src}");
         self.check(&op, tensor)?;
         self.check_peer(&op, "source", src)?;
+        if src == self.inner.rank {
+            return Err(self.invalid(&op, "a rank cannot receive from itself".into()));
+        }
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).recv += 1;
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(&op))?;
         self.exchange(&op, Some((&buf, src)))?; // with this rank's queued sends

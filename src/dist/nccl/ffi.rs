@@ -47,6 +47,22 @@ pub fn nccl_version() -> Result<i32, String> {
     nccl::get_nccl_version().map_err(nccl_text)
 }
 
+/// Fails for an NCCL too old for this backend: non-blocking communicators
+/// (`ncclCommInitRankConfig`) came in 2.14. cudarc would panic at the first
+/// missing function instead.
+pub fn recent_enough() -> Result<(), String> {
+    match nccl_version()? {
+        code if code >= 21400 => Ok(()),
+        code => Err(format!(
+            "the NCCL found is {}.{}.{}, and this backend needs 2.14 or newer: use the one in the \
+             torch wheel (scripts/setup.sh links it as .nccl/libnccl.so)",
+            code / 10000,
+            code / 100 % 100,
+            code % 100
+        )),
+    }
+}
+
 /// A fresh unique id. NCCL also starts a listener in this process, which
 /// the other ranks reach at the address inside the id: keep this process
 /// running until every rank has joined.
@@ -112,13 +128,15 @@ impl Comm {
         nccl_library()?;
         let device = Device::retain(ordinal)?;
         let stream = driver::stream::create(driver::stream::StreamKind::NonBlocking).map_err(cuda_text)?;
+        // Made first, so that its drop frees the stream (and whatever NCCL
+        // set up) if joining fails right here.
+        let mut comm = Comm { raw: std::ptr::null_mut(), stream, device };
         let mut config = non_blocking_config();
         let id = nccl_sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
-        let mut raw: nccl_sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `raw` and `config` outlive the call.
-        unsafe { nccl::comm_init_rank_config(&mut raw, world as i32, id, rank as i32, &mut config) }
+        // SAFETY: `comm.raw` and `config` outlive the call.
+        unsafe { nccl::comm_init_rank_config(&mut comm.raw, world as i32, id, rank as i32, &mut config) }
             .map_err(nccl_text)?;
-        Ok(Comm { raw, stream, device })
+        Ok(comm)
     }
 
     /// Whether the last call has finished queueing (NCCL's async error).
@@ -138,14 +156,18 @@ impl Comm {
         }
     }
 
-    /// Waits for `state` to leave `Busy`, until `deadline`.
-    pub fn settle(&self, deadline: Instant) -> Result<(), String> {
+    /// Waits for `state` to leave `Busy`, until `deadline`, or until
+    /// `peer_failed` names a reason to stop waiting.
+    pub fn settle(&self, deadline: Instant, peer_failed: &dyn Fn() -> Option<String>) -> Result<(), String> {
         loop {
             match self.state() {
                 State::Ready => return Ok(()),
                 State::Failed(why) => return Err(why),
                 State::Busy if Instant::now() >= deadline => return Err("deadline".into()),
-                State::Busy => std::thread::yield_now(),
+                State::Busy => match peer_failed() {
+                    Some(why) => return Err(why),
+                    None => std::thread::yield_now(),
+                },
             }
         }
     }
@@ -177,9 +199,20 @@ impl Comm {
 }
 
 impl Drop for Comm {
+    /// A healthy communicator is finalized (NCCL flushes what its helper
+    /// threads still send over the network) and destroyed; one that fails
+    /// to finalize within 30 s, or was never healthy, is aborted.
     fn drop(&mut self) {
         _ = self.device.bind();
-        self.abort(); // nothing is in flight by now: the group waited for it
+        if !self.raw.is_null() {
+            // SAFETY: `raw` is live; nothing else uses it during drop.
+            let finalized = unsafe { nccl::comm_finalize(self.raw) }.is_ok()
+                && self.settle(Instant::now() + std::time::Duration::from_secs(30), &|| None).is_ok();
+            if finalized && unsafe { nccl::comm_destroy(self.raw) }.is_ok() {
+                self.raw = std::ptr::null_mut();
+            }
+        }
+        self.abort(); // nothing to do after a clean destroy
                       // SAFETY: the stream was created by `start_join` and is idle.
         _ = unsafe { driver::stream::destroy(self.stream) };
     }

@@ -23,6 +23,12 @@ pub(crate) struct JobWatch {
     pub failed: Mutex<Option<(usize, String)>>,
 }
 
+/// The first other rank of the job that failed, and how.
+fn peer_failure(job: Option<&Arc<JobWatch>>, rank: usize) -> Option<(usize, String)> {
+    let failed = job?.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    failed.filter(|(peer, _)| *peer != rank)
+}
+
 /// What a `Work` handle needs after the call returned.
 struct Inner {
     comm: Mutex<Comm>,
@@ -67,7 +73,8 @@ impl NcclProcessGroup {
         let op = format!("joining the NCCL communicator on cuda:{ordinal}");
         let broken = |cause: String| DistError::Broken { rank, op: op.clone(), cause };
         let mut comm = Comm::start_join(ordinal, rank, world, id).map_err(broken)?;
-        if let Err(cause) = comm.settle(Instant::now() + timeout) {
+        let peer_failed = || peer_failure(job.as_ref(), rank).map(|(peer, why)| format!("rank {peer} {why}"));
+        if let Err(cause) = comm.settle(Instant::now() + timeout, &peer_failed) {
             comm.abort();
             return Err(broken(match cause.as_str() {
                 "deadline" => format!("not every one of the {world} ranks joined within {timeout:?}"),
@@ -129,7 +136,11 @@ impl NcclProcessGroup {
             comm.device.bind()?;
             Event::record_on(cuda::torch_stream())?.block(comm.stream)?;
             calls(&comm)?;
-            comm.settle(Instant::now() + self.inner.timeout)?;
+            let peer_failed = || {
+                peer_failure(self.inner.job.as_ref(), self.inner.rank)
+                    .map(|(p, why)| format!("rank {p} {why}"))
+            };
+            comm.settle(Instant::now() + self.inner.timeout, &peer_failed)?;
             Event::record_on(comm.stream)
         })();
         drop(comm);
@@ -153,8 +164,8 @@ impl NcclProcessGroup {
         let gathered = self.gather_bytes("signature exchange", &input)?.to_device(Device::Cpu);
         let all = Vec::<u8>::try_from(gathered.reshape([-1])).map_err(self.torch("signature exchange"))?;
         for (rank, theirs) in all.chunks(SIGNATURE_BYTES as usize).enumerate() {
-            let theirs = String::from_utf8_lossy(theirs).trim_end_matches('\0').to_string();
-            if theirs != mine[..mine.len().min(SIGNATURE_BYTES as usize)] {
+            if theirs != bytes.as_slice() {
+                let theirs = String::from_utf8_lossy(theirs).trim_end_matches('\0').to_string();
                 let detail = format!("rank {rank} called {theirs}, this rank called {mine}");
                 return Err(DistError::Mismatch { rank: self.inner.rank, op: mine, detail });
             }
@@ -216,8 +227,7 @@ impl Inner {
             if let State::Failed(cause) = self.comm.lock().unwrap_or_else(|p| p.into_inner()).state() {
                 return Err(self.fail(op, cause));
             }
-            let failed = self.job.as_ref().and_then(|job| job.failed.lock().ok()?.clone());
-            if let Some((peer, reason)) = failed.filter(|(peer, _)| *peer != self.rank) {
+            if let Some((peer, reason)) = peer_failure(self.job.as_ref(), self.rank) {
                 self.fail(op, format!("rank {peer} {reason}"));
                 return Err(DistError::PeerGone { rank: self.rank, op: op.into(), peer, reason });
             }

@@ -27,10 +27,11 @@
 //!   NCCL call can hang the host first;
 //! - ranks started by `spawn_on_gpus` learn at once that a peer failed; under
 //!   `mpirun`, a rank that fails ends the job;
-//! - with `DDP_DEBUG` unset (or `detail`) every collective first all-gathers
-//!   its signature (operation, dtype, shape, root, tag), and every send is
+//! - with `DDP_DEBUG=detail` every collective first all-gathers its
+//!   signature (operation, dtype, shape, root, tag), and every send is
 //!   preceded by its shape and dtype, so ranks that disagree get a
-//!   `Mismatch`. `DDP_DEBUG=off` skips it;
+//!   `Mismatch`. Off by default here, unlike on the other backends: each
+//!   check makes the host wait for the GPU, which undoes the overlap;
 //! - a send returns at once, as on the other backends, but it is only
 //!   queued: NCCL posts it with this rank's next receive (so that a ring of
 //!   sends cannot deadlock), or before its next collective. A send must
@@ -56,7 +57,7 @@ use group::JobWatch;
 
 /// How many GPUs NCCL can use here, or, in words, why none.
 pub fn available() -> Result<usize, String> {
-    ffi::nccl_library()?;
+    ffi::recent_enough()?;
     cuda::cuda_library()?;
     match cuda::device_count()? {
         0 => Err("the CUDA driver is installed, but it sees no GPU (is CUDA_VISIBLE_DEVICES empty?)".into()),
@@ -120,12 +121,17 @@ pub fn bootstrap(over: &dyn ProcessGroup, ordinal: usize) -> Result<NcclProcessG
     join(rank, over.world_size(), ordinal, &UniqueId(bytes.try_into().expect("128 bytes")))
 }
 
-/// Whether `DDP_DEBUG` asks for the signature exchange (the default).
+/// Whether `DDP_DEBUG=detail` asks for the signature exchange. Unlike the
+/// other backends, NCCL's is off unless asked for: each check is a round
+/// trip that makes the host wait for the GPU's queued work, so with it on,
+/// buckets no longer leave while backward runs on the GPU.
 fn debug_from_env() -> Result<bool, String> {
     match std::env::var("DDP_DEBUG").as_deref() {
-        Err(_) | Ok("") | Ok("detail") | Ok("DETAIL") => Ok(true),
-        Ok("off") | Ok("OFF") => Ok(false),
-        Ok(other) => Err(format!("DDP_DEBUG={other:?} is not one of \"detail\" (the default) or \"off\"")),
+        Ok("detail") | Ok("DETAIL") => Ok(true),
+        Err(_) | Ok("") | Ok("off") | Ok("OFF") => Ok(false),
+        Ok(other) => {
+            Err(format!("DDP_DEBUG={other:?} is not one of \"detail\" or \"off\" (the default here)"))
+        }
     }
 }
 

@@ -49,33 +49,54 @@ impl NcclProcessGroup {
     }
 
     /// Posts the queued sends, with a receive into `into` from `src` if
-    /// given, and waits for them all. In debug mode the signatures go
-    /// first, in a group of their own, and a receive whose sender's
-    /// signature differs fails before its data is posted.
+    /// given, and waits for them all. NCCL matches the messages between two
+    /// ranks by their order alone, so the sends go in rounds of at most one
+    /// per peer, the receive in the first; in debug mode each round's
+    /// signatures go in a group of their own before its data, and a receive
+    /// whose sender's signature differs fails (and aborts the communicator)
+    /// before any data moves.
     pub(super) fn exchange(&self, op: &str, receive: Option<(&Tensor, usize)>) -> Result<(), DistError> {
-        let sends = std::mem::take(&mut *self.sends.lock().unwrap_or_else(|p| p.into_inner()));
-        if sends.is_empty() && receive.is_none() {
-            return Ok(());
-        }
-        if self.debug {
-            let expected = receive.map(|(into, src)| (self.p2p_signature(into), src));
-            let got = expected.as_ref().map(|(sig, src)| (sig.zeros_like(), *src));
-            let signatures = sends.iter().map(|s| (&s.signature, s.peer)).collect();
-            self.p2p_group(op, signatures, got.as_ref().map(|(t, src)| (t, *src)))?;
-            if let (Some((expected, src)), Some((got, _))) = (expected, got) {
-                if !got.equal(&expected) {
-                    let text = |t: &Tensor| {
-                        let bytes = Vec::<u8>::try_from(t.to_device(tch::Device::Cpu)).unwrap_or_default();
-                        String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string()
-                    };
-                    let detail =
-                        format!("rank {src} sent a {}, this rank expects a {}", text(&got), text(&expected));
-                    return Err(DistError::Mismatch { rank: self.inner.rank, op: op.into(), detail });
+        let mut sends = std::mem::take(&mut *self.sends.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut receive = receive;
+        while !sends.is_empty() || receive.is_some() {
+            let mut round: Vec<QueuedSend> = vec![];
+            for send in std::mem::take(&mut sends) {
+                match round.iter().any(|s| s.peer == send.peer) {
+                    true => sends.push(send), // its peer's earlier send goes first
+                    false => round.push(send),
                 }
             }
+            if self.debug {
+                self.check_signatures(op, &round, receive)?;
+            }
+            let data = round.iter().map(|s| (&s.data, s.peer)).collect();
+            self.p2p_group(op, data, receive.take())?;
         }
-        let data = sends.iter().map(|s| (&s.data, s.peer)).collect();
-        self.p2p_group(op, data, receive)
+        Ok(())
+    }
+
+    /// One round's signatures, and the check of the one received.
+    fn check_signatures(
+        &self,
+        op: &str,
+        round: &[QueuedSend],
+        receive: Option<(&Tensor, usize)>,
+    ) -> Result<(), DistError> {
+        let expected = receive.map(|(into, src)| (self.p2p_signature(into), src));
+        let got = expected.as_ref().map(|(sig, src)| (sig.zeros_like(), *src));
+        let signatures = round.iter().map(|s| (&s.signature, s.peer)).collect();
+        self.p2p_group(op, signatures, got.as_ref().map(|(t, src)| (t, *src)))?;
+        let (Some((expected, src)), Some((got, _))) = (expected, got) else { return Ok(()) };
+        if got.equal(&expected) {
+            return Ok(());
+        }
+        let text = |t: &Tensor| {
+            let bytes = Vec::<u8>::try_from(t.to_device(tch::Device::Cpu)).unwrap_or_default();
+            String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string()
+        };
+        let detail = format!("rank {src} sent a {}, this rank expects a {}", text(&got), text(&expected));
+        self.inner.fail(op, detail.clone()); // the peer's data is on its way: nothing can carry on
+        Err(DistError::Mismatch { rank: self.inner.rank, op: op.into(), detail })
     }
 
     /// One NCCL group of sends and at most one receive, waited for.
@@ -91,15 +112,23 @@ impl NcclProcessGroup {
         let incoming = receive.map(|(t, peer)| transfer(t, peer));
         let pending = self.launch(op, keep, |comm| {
             comm.queue(|_, _| nccl::group_start())?;
-            for (data, count, kind, peer) in outgoing {
-                // SAFETY: every buffer is on this GPU and kept alive by `pending`.
-                comm.queue(|c, s| unsafe { nccl::send(data, count, kind, peer, c, s) })?;
-            }
-            if let Some((data, count, kind, peer)) = incoming {
-                // SAFETY: as above.
-                comm.queue(|c, s| unsafe { nccl::recv(data, count, kind, peer, c, s) })?;
-            }
-            comm.queue(|_, _| nccl::group_end())
+            let posted = (|| {
+                for (data, count, kind, peer) in outgoing {
+                    // SAFETY: every buffer is on this GPU and kept alive by `pending`.
+                    comm.queue(|c, s| unsafe { nccl::send(data, count, kind, peer, c, s) })?;
+                }
+                match incoming {
+                    // SAFETY: as above.
+                    Some((data, count, kind, peer)) => {
+                        comm.queue(|c, s| unsafe { nccl::recv(data, count, kind, peer, c, s) })
+                    }
+                    None => Ok(()),
+                }
+            })();
+            // Always closed: a thread left inside a group would defer every
+            // later NCCL call it makes, the abort included.
+            let ended = comm.queue(|_, _| nccl::group_end());
+            posted.and(ended)
         })?;
         self.inner.finish(op, pending)
     }
