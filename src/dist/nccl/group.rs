@@ -218,6 +218,11 @@ impl Inner {
     /// communicator's own errors, a peer's failure, and the deadline.
     fn finish(&self, op: &str, pending: Pending) -> Result<(), DistError> {
         let (started, deadline) = (Instant::now(), Instant::now() + self.timeout);
+        // The waiting thread may never have touched this GPU (a Work handed
+        // to another thread): event queries need the context current.
+        if let Err(cause) = self.comm.lock().unwrap_or_else(|p| p.into_inner()).device.bind() {
+            return Err(self.fail(op, cause));
+        }
         loop {
             match pending.done.is_done() {
                 Ok(true) => return Ok(()),
