@@ -52,9 +52,9 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
         let op = "broadcast";
-        self.exchange(op, None)?; // sends go before the next collective (p2p.rs)
         self.check(op, tensor)?;
         self.check_peer(op, "root", root)?;
+        self.exchange(op, None)?; // sends go before the next collective (p2p.rs)
         self.agree(&self.call(Op::Broadcast { root }, tensor))?;
         self.count(tensor, |s| s.broadcast += 1);
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(op))?;
@@ -73,9 +73,9 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn all_reduce_async(&self, tensor: &Tensor, reduce: ReduceOp) -> Result<Work, DistError> {
         let op = format!("all_reduce({})", reduce.name());
-        self.exchange(&op, None)?; // sends go before the next collective (p2p.rs)
         self.check(&op, tensor)?;
         self.check_reduction(&op, tensor, reduce)?;
+        self.exchange(&op, None)?; // sends go before the next collective (p2p.rs)
         self.agree(&self.call(Op::AllReduce(reduce), tensor))?;
         self.count(tensor, |s| s.all_reduce += 1);
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(&op))?;
@@ -117,8 +117,8 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
         let op = "all_gather";
-        self.exchange(op, None)?; // sends go before the next collective (p2p.rs)
         self.check(op, tensor)?;
+        self.exchange(op, None)?; // sends go before the next collective (p2p.rs)
         self.agree(&self.call(Op::AllGather, tensor))?;
         self.count(tensor, |s| s.all_gather += 1);
         let (input, _) = on_gpu(tensor, self.device()).map_err(self.torch(op))?;
@@ -137,7 +137,6 @@ impl ProcessGroup for NcclProcessGroup {
 
     fn reduce_scatter(&self, tensor: &Tensor, reduce: ReduceOp) -> Result<Tensor, DistError> {
         let op = format!("reduce_scatter({})", reduce.name());
-        self.exchange(&op, None)?; // sends go before the next collective (p2p.rs)
         self.check(&op, tensor)?;
         self.check_reduction(&op, tensor, reduce)?;
         let mut shape = tensor.size();
@@ -146,6 +145,7 @@ impl ProcessGroup for NcclProcessGroup {
                 format!("dimension 0 of a {shape:?} tensor does not split into {} equal chunks", self.world);
             return Err(self.invalid(&op, detail));
         }
+        self.exchange(&op, None)?; // sends go before the next collective (p2p.rs)
         self.agree(&self.call(Op::ReduceScatter(reduce), tensor))?;
         self.count(tensor, |s| s.reduce_scatter += 1);
         shape[0] /= self.world as i64;
