@@ -12,7 +12,7 @@
 //! 3. With the `mpi` feature, compile src/dist/mpi/in_place.c with the MPI
 //!    compiler wrapper (`mpicc`, or the one MPICC names).
 //! 4. With the `nccl` feature, add the project's .nccl/ folder (where
-//!    scripts/setup.sh links the wheel's NCCL as libnccl.so) as an rpath.
+//!    scripts/setup.sh links NCCL's libnccl.so.2 as libnccl.so) as an rpath.
 
 use std::path::Path;
 

@@ -12,7 +12,8 @@
 #      NCCL: about 2.7 GB to download, 4.6 GB on disk);
 #   5. writes .cargo/libtorch.toml (git-ignored), which tells cargo where this
 #      machine's libtorch is, so that plain `cargo build` just works;
-#   6. links .nccl/libnccl.so to the wheel's NCCL, for the `nccl` feature;
+#   6. links .nccl/libnccl.so to the NCCL pip installed with torch, for the
+#      `nccl` feature;
 #   7. installs Open MPI and libclang with apt-get (as root, or through
 #      sudo), for the `mpi` feature: ranks as processes started by mpirun;
 #   8. installs mdBook, the tool that builds the book in chapters/;
@@ -188,8 +189,9 @@ EOF
     done_already "wrote .cargo/libtorch.toml: LIBTORCH = $dir"
 }
 
-# The nccl feature loads NCCL through cudarc, which opens `libnccl.so`; the
-# wheel ships `libnccl.so.2` (nvidia/nccl/lib, next to torch). A link under
+# The nccl feature loads NCCL through cudarc, which opens `libnccl.so`; pip
+# installs NCCL with torch as a wheel of its own (nvidia-nccl-cu13), whose
+# library is nvidia/nccl/lib/libnccl.so.2, next to torch. A link under
 # the project's own .nccl/ gives it that name without touching .venv; the
 # binaries look in .nccl/ (build.rs bakes it in as an rpath).
 step_nccl_link() {
@@ -197,7 +199,7 @@ step_nccl_link() {
     dir="$(torch_dir)"
     target="$(cd "$dir/.." && pwd)/nvidia/nccl/lib/libnccl.so.2"
     if [[ ! -f "$target" ]]; then
-        say "this torch wheel carries no NCCL ($target): the nccl feature will say so at run time"
+        say "pip installed no NCCL with this torch ($target): the nccl feature will say so at run time"
         return
     fi
     if [[ -L "$link" && "$(readlink "$link")" == "$target" ]]; then

@@ -71,10 +71,15 @@ fn on_gpu(
     config: &TrainConfig,
     on_event: &(dyn Fn(train::Event) + Sync),
 ) -> anyhow::Result<RankOutcome> {
-    // The launcher's local rank picks this process's GPU; where it does not
-    // say one (MPICH), the world rank does, which is right on one machine.
+    // The launcher's local rank picks this process's GPU, or, where it names
+    // none, the world rank (right on one machine). A process that sees one
+    // GPU only (a scheduler set CUDA_VISIBLE_DEVICES per process) uses it.
     let local_rank = dist::LaunchEnv::from_env().ok().flatten().and_then(|env| env.local_rank);
-    train::train_as_gpu_process(pg, local_rank.unwrap_or(pg.rank()), config, on_event)
+    let ordinal = match ddp_workbook::dist::nccl::available() {
+        Ok(1) => 0,
+        _ => local_rank.unwrap_or(pg.rank()),
+    };
+    train::train_as_gpu_process(pg, ordinal, config, on_event)
 }
 
 #[cfg(all(feature = "mpi", not(feature = "nccl")))]

@@ -33,10 +33,10 @@ pub fn nccl_library() -> Result<(), String> {
     // SAFETY: tries to open the library under its usual names, then closes it.
     match unsafe { nccl_sys::is_culib_present() } {
         true => Ok(()),
-        false => Err("NCCL was not found. cudarc opens `libnccl.so`, and the torch wheel ships it \
-                      as `libnccl.so.2`: run scripts/setup.sh, which links .nccl/libnccl.so to the \
-                      wheel's copy (the binaries look there), or start the program with a folder \
-                      holding a `libnccl.so` on LD_LIBRARY_PATH"
+        false => Err("NCCL was not found. cudarc opens `libnccl.so`, and pip installs NCCL with \
+                      torch as `libnccl.so.2` (nvidia/nccl/lib): run scripts/setup.sh, which links \
+                      .nccl/libnccl.so to it (the binaries look there), or start the program with a \
+                      folder holding a `libnccl.so` on LD_LIBRARY_PATH"
             .into()),
     }
 }
@@ -55,7 +55,7 @@ pub fn recent_enough() -> Result<(), String> {
         code if code >= 21400 => Ok(()),
         code => Err(format!(
             "the NCCL found is {}.{}.{}, and this backend needs 2.14 or newer: use the one in the \
-             torch wheel (scripts/setup.sh links it as .nccl/libnccl.so)",
+             NCCL pip installs with torch (scripts/setup.sh links it as .nccl/libnccl.so)",
             code / 10000,
             code / 100 % 100,
             code % 100
