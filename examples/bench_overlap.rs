@@ -110,14 +110,14 @@ fn measure(
             let started = Instant::now();
             let tag = format!("step {step}");
             if let Some(o) = &overlapped {
-                o.arm(tag);
+                o.arm(tag.clone());
             }
             let loss = masked_cross_entropy(&gpt.forward(&inputs), &targets, &mask);
             loss.backward();
             let backward_ended = Instant::now();
             match (sync, &overlapped) {
-                (Sync::Naive, _) => tagged(tag_of(step), || naive::sync_gradients(pg.as_ref(), &params))?,
-                (Sync::Bucketed, _) => tagged(tag_of(step), || buckets.sync(pg.as_ref(), &params))?,
+                (Sync::Naive, _) => tagged(tag, || naive::sync_gradients(pg.as_ref(), &params))?,
+                (Sync::Bucketed, _) => tagged(tag, || buckets.sync(pg.as_ref(), &params))?,
                 (Sync::Overlapped | Sync::OverlappedCopying, Some(o)) => {
                     o.finish(false)?;
                     let last = step == args.steps + 2 && sync == Sync::Overlapped;
@@ -176,10 +176,6 @@ fn gradient_bytes() -> usize {
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
-}
-
-fn tag_of(step: usize) -> String {
-    format!("step {step}")
 }
 
 fn ms(d: Duration) -> String {

@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::call::{group_list_problem, Call, Op};
 use super::comm_thread::CommThread;
 use super::completion::Completion;
 use super::tag::current_tag;
 use super::world::World;
-use super::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
+use super::{is_float, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 
 /// One rank's handle on an in-process group (the whole world that `spawn`
 /// made, or a sub-group made with `new_group`). Each handle counts its own
@@ -127,10 +127,6 @@ fn finish_all_reduce(
         super::link::sleep_until(Instant::now() + link_time);
     }
     Ok(())
-}
-
-fn is_float(kind: Kind) -> bool {
-    matches!(kind, Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double)
 }
 
 impl ProcessGroup for LocalProcessGroup {

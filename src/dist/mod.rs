@@ -52,6 +52,12 @@ pub use spawn::{
 };
 pub use tag::{current_tag, tagged};
 
+/// Whether `kind` is a floating-point type (what `ReduceOp::Avg` needs).
+pub(crate) fn is_float(kind: tch::Kind) -> bool {
+    use tch::Kind::*;
+    matches!(kind, Half | BFloat16 | Float | Double)
+}
+
 /// A shared handle to a process group, as chapter code holds it.
 pub type Group = Arc<dyn ProcessGroup>;
 

@@ -82,6 +82,25 @@ impl SpawnOptions {
     }
 }
 
+/// Whether `DDP_DEBUG` asks for the signature exchange before each call:
+/// "detail" turns it on, "off" off, and unset or empty gives the backend's
+/// default (on for MPI, where it is cheap; off for NCCL, where it would
+/// make the host wait for the GPU at every call).
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+pub(crate) fn signatures_from_env(on_by_default: bool) -> Result<bool, String> {
+    match std::env::var("DDP_DEBUG").as_deref() {
+        Err(_) | Ok("") => Ok(on_by_default),
+        Ok("detail") | Ok("DETAIL") => Ok(true),
+        Ok("off") | Ok("OFF") => Ok(false),
+        Ok(other) => {
+            let default = if on_by_default { "detail" } else { "off" };
+            Err(format!(
+                "DDP_DEBUG={other:?} is not one of \"detail\" or \"off\" (here the default is {default})"
+            ))
+        }
+    }
+}
+
 /// The timeout `DDP_TIMEOUT_SECS` asks for, or [`DEFAULT_TIMEOUT`] when it is
 /// unset or empty; an error that says how to fix a bad value.
 pub fn timeout_from_env() -> Result<Duration, String> {

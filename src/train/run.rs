@@ -62,10 +62,18 @@ impl ShardCursor {
     }
 }
 
-/// Inputs, targets and mask of the sequences at `indices` of `task`.
-fn micro_batch(task: &TokenTask, indices: &[i64]) -> (Tensor, Tensor, Tensor) {
+/// Inputs, targets and mask of the sequences at `indices` of `task`, on `device`.
+fn micro_batch(task: &TokenTask, indices: &[i64], device: tch::Device) -> (Tensor, Tensor, Tensor) {
     let picked = TokenTask { sequences: rows(&task.sequences, indices), ..*task };
-    picked.batch(0, indices.len() as i64) // [len, seq_len] each
+    on_device(picked.batch(0, indices.len() as i64), device) // [len, seq_len] each
+}
+
+/// A batch's three tensors, moved to `device` (the same tensors on the CPU).
+fn on_device(
+    (inputs, targets, mask): (Tensor, Tensor, Tensor),
+    device: tch::Device,
+) -> (Tensor, Tensor, Tensor) {
+    (inputs.to_device(device), targets.to_device(device), mask.to_device(device))
 }
 
 // ANCHOR: train_rank
@@ -134,10 +142,8 @@ pub fn train_rank(
         let mut rank_loss = 0.0;
         let mut last_micro_batch = None;
         for i in 0..k {
-            let (inputs, targets, mask) = micro_batch(&task, cursor.next_micro_batch(config.batch_size));
-            let device = config.device;
             let (inputs, targets, mask) =
-                (inputs.to_device(device), targets.to_device(device), mask.to_device(device));
+                micro_batch(&task, cursor.next_micro_batch(config.batch_size), config.device);
             phases.data += lap.next();
             let logits = ddp.forward(&inputs); // [batch, seq, vocab]
             let loss = masked_cross_entropy(&logits, &targets, &mask) / k as f64; // [], divided by k (chapter 4)
@@ -290,12 +296,7 @@ pub fn evaluate(model: &Gpt, config: &TrainConfig) -> Evaluation {
     tch::no_grad(|| {
         for start in (0..held_out.len()).step_by(500) {
             let len = (held_out.len() - start).min(500);
-            let (inputs, targets, mask) = held_out.batch(start, len);
-            let (inputs, targets, mask) = (
-                inputs.to_device(config.device),
-                targets.to_device(config.device),
-                mask.to_device(config.device),
-            );
+            let (inputs, targets, mask) = on_device(held_out.batch(start, len), config.device);
             let logits = tch::nn::Module::forward(model, &inputs); // [len, seq, vocab]
                                                                    // Every sequence has the same number of scored positions: weigh chunks by length.
             loss += masked_cross_entropy(&logits, &targets, &mask).double_value(&[]) * len as f64;

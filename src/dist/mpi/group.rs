@@ -8,7 +8,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use super::engine::Command;
 use super::ffi;
@@ -97,9 +97,7 @@ impl MpiProcessGroup {
 
     fn check_reduction(&self, op: &str, tensor: &Tensor, reduce: ReduceOp) -> Result<(), DistError> {
         let kind = tensor.kind();
-        if reduce == ReduceOp::Avg
-            && !matches!(kind, Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double)
-        {
+        if reduce == ReduceOp::Avg && !crate::dist::is_float(kind) {
             return Err(self.invalid(op, format!("avg needs a floating-point tensor, got {kind:?}")));
         }
         ffi::reduction(kind, reduce).map(|_| ()).map_err(|detail| self.invalid(op, detail))

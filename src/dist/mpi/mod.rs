@@ -68,21 +68,12 @@ pub struct MpiWorld {
     universe: Option<Universe>,
 }
 
-/// Whether `DDP_DEBUG` asks for the signature exchange (the default).
-pub fn debug_from_env() -> Result<bool, String> {
-    match std::env::var("DDP_DEBUG").as_deref() {
-        Err(_) | Ok("") | Ok("detail") | Ok("DETAIL") => Ok(true),
-        Ok("off") | Ok("OFF") => Ok(false),
-        Ok(other) => Err(format!("DDP_DEBUG={other:?} is not one of \"detail\" (the default) or \"off\"")),
-    }
-}
-
 /// Joins the MPI job this process was started in (a world of one when no
 /// launcher started it).
 pub fn init() -> Result<MpiWorld, DistError> {
     let setup = |detail: String| DistError::Invalid { rank: 0, op: "joining the MPI job".into(), detail };
     let timeout = timeout_from_env().map_err(setup)?;
-    let debug = debug_from_env().map_err(setup)?;
+    let debug = super::spawn::signatures_from_env(true).map_err(setup)?;
     let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
         .ok_or_else(|| setup("MPI is already initialized in this process: call init() once".into()))?;
     if threading < Threading::Multiple {

@@ -8,11 +8,7 @@ use tch::{Kind, Tensor};
 use super::super::ffi;
 use super::{on_gpu, NcclProcessGroup};
 use crate::dist::call::Op;
-use crate::dist::{CommStats, DistError, ProcessGroup, ReduceOp, Work};
-
-fn is_float(kind: Kind) -> bool {
-    matches!(kind, Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double)
-}
+use crate::dist::{is_float, CommStats, DistError, ProcessGroup, ReduceOp, Work};
 
 impl NcclProcessGroup {
     fn check_peer(&self, op: &str, what: &str, peer: usize) -> Result<(), DistError> {

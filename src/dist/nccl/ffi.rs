@@ -47,6 +47,11 @@ pub fn nccl_version() -> Result<i32, String> {
     nccl::get_nccl_version().map_err(nccl_text)
 }
 
+/// An NCCL version code as "2.28.9".
+pub fn version_text(code: i32) -> String {
+    format!("{}.{}.{}", code / 10000, code / 100 % 100, code % 100)
+}
+
 /// Fails for an NCCL too old for this backend: non-blocking communicators
 /// (`ncclCommInitRankConfig`) came in 2.14. cudarc would panic at the first
 /// missing function instead.
@@ -54,11 +59,9 @@ pub fn recent_enough() -> Result<(), String> {
     match nccl_version()? {
         code if code >= 21400 => Ok(()),
         code => Err(format!(
-            "the NCCL found is {}.{}.{}, and this backend needs 2.14 or newer: use the one in the \
-             NCCL pip installs with torch (scripts/setup.sh links it as .nccl/libnccl.so)",
-            code / 10000,
-            code / 100 % 100,
-            code % 100
+            "the NCCL found is {}, and this backend needs 2.14 or newer: use the NCCL \
+             that pip installs with torch (scripts/setup.sh links it as .nccl/libnccl.so)",
+            version_text(code)
         )),
     }
 }

@@ -29,6 +29,11 @@ fn peer_failure(job: Option<&Arc<JobWatch>>, rank: usize) -> Option<(usize, Stri
     failed.filter(|(peer, _)| *peer != rank)
 }
 
+/// The same, in words, for a wait that stops on it.
+fn peer_failure_text(job: Option<&Arc<JobWatch>>, rank: usize) -> Option<String> {
+    peer_failure(job, rank).map(|(peer, why)| format!("rank {peer} {why}"))
+}
+
 /// What a `Work` handle needs after the call returned.
 struct Inner {
     comm: Mutex<Comm>,
@@ -58,7 +63,7 @@ pub struct NcclProcessGroup {
     sends: Mutex<Vec<p2p::QueuedSend>>,
 }
 
-const SIGNATURE_BYTES: i64 = 256;
+const SIGNATURE_BYTES: usize = 256;
 
 impl NcclProcessGroup {
     pub(crate) fn join(
@@ -73,8 +78,7 @@ impl NcclProcessGroup {
         let op = format!("joining the NCCL communicator on cuda:{ordinal}");
         let broken = |cause: String| DistError::Broken { rank, op: op.clone(), cause };
         let mut comm = Comm::start_join(ordinal, rank, world, id).map_err(broken)?;
-        let peer_failed = || peer_failure(job.as_ref(), rank).map(|(peer, why)| format!("rank {peer} {why}"));
-        if let Err(cause) = comm.settle(Instant::now() + timeout, &peer_failed) {
+        if let Err(cause) = comm.settle(Instant::now() + timeout, &|| peer_failure_text(job.as_ref(), rank)) {
             comm.abort();
             return Err(broken(match cause.as_str() {
                 "deadline" => format!("not every one of the {world} ranks joined within {timeout:?}"),
@@ -136,10 +140,7 @@ impl NcclProcessGroup {
             comm.device.bind()?;
             Event::record_on(cuda::torch_stream())?.block(comm.stream)?;
             calls(&comm)?;
-            let peer_failed = || {
-                peer_failure(self.inner.job.as_ref(), self.inner.rank)
-                    .map(|(p, why)| format!("rank {p} {why}"))
-            };
+            let peer_failed = || peer_failure_text(self.inner.job.as_ref(), self.inner.rank);
             comm.settle(Instant::now() + self.inner.timeout, &peer_failed)?;
             Event::record_on(comm.stream)
         })();
@@ -159,11 +160,11 @@ impl NcclProcessGroup {
         }
         let mine = format!("{call}");
         let mut bytes = mine.as_bytes().to_vec();
-        bytes.resize(SIGNATURE_BYTES as usize, 0);
+        bytes.resize(SIGNATURE_BYTES, 0);
         let input = Tensor::from_slice(&bytes).to_device(self.device());
         let gathered = self.gather_bytes("signature exchange", &input)?.to_device(Device::Cpu);
         let all = Vec::<u8>::try_from(gathered.reshape([-1])).map_err(self.torch("signature exchange"))?;
-        for (rank, theirs) in all.chunks(SIGNATURE_BYTES as usize).enumerate() {
+        for (rank, theirs) in all.chunks(SIGNATURE_BYTES).enumerate() {
             if theirs != bytes.as_slice() {
                 let theirs = String::from_utf8_lossy(theirs).trim_end_matches('\0').to_string();
                 let detail = format!("rank {rank} called {theirs}, this rank called {mine}");

@@ -52,6 +52,7 @@ use tch::{Device, Kind, Tensor};
 pub use group::NcclProcessGroup;
 
 use super::error::panic_message;
+use super::spawn::signatures_from_env;
 use super::{timeout_from_env, DistError, Group, ProcessGroup};
 use group::JobWatch;
 
@@ -67,8 +68,7 @@ pub fn available() -> Result<usize, String> {
 
 /// The NCCL that was loaded, as "2.28.9"; needs NCCL only, no GPU.
 pub fn version() -> Result<String, String> {
-    let code = ffi::nccl_version()?;
-    Ok(format!("{}.{}.{}", code / 10000, code / 100 % 100, code % 100))
+    ffi::nccl_version().map(ffi::version_text)
 }
 
 /// NCCL's unique id: what every rank needs to join one communicator.
@@ -100,7 +100,7 @@ pub fn join(rank: usize, world: usize, ordinal: usize, id: &UniqueId) -> Result<
         )));
     }
     let timeout = timeout_from_env().map_err(fail)?;
-    let debug = debug_from_env().map_err(fail)?;
+    let debug = signatures_from_env(false).map_err(fail)?;
     NcclProcessGroup::join(rank, world, ordinal, &id.0, timeout, debug, None)
 }
 
@@ -121,20 +121,6 @@ pub fn bootstrap(over: &dyn ProcessGroup, ordinal: usize) -> Result<NcclProcessG
     join(rank, over.world_size(), ordinal, &UniqueId(bytes.try_into().expect("128 bytes")))
 }
 
-/// Whether `DDP_DEBUG=detail` asks for the signature exchange. Unlike the
-/// other backends, NCCL's is off unless asked for: each check is a round
-/// trip that makes the host wait for the GPU's queued work, so with it on,
-/// buckets no longer leave while backward runs on the GPU.
-fn debug_from_env() -> Result<bool, String> {
-    match std::env::var("DDP_DEBUG").as_deref() {
-        Ok("detail") | Ok("DETAIL") => Ok(true),
-        Err(_) | Ok("") | Ok("off") | Ok("OFF") => Ok(false),
-        Ok(other) => {
-            Err(format!("DDP_DEBUG={other:?} is not one of \"detail\" or \"off\" (the default here)"))
-        }
-    }
-}
-
 /// Runs `body` on `world` ranks, one thread per GPU (rank r on `cuda:r`),
 /// joined in one NCCL communicator; their results in rank order. NCCL
 /// refuses two ranks on one GPU, so `world` may not exceed the GPU count.
@@ -150,7 +136,7 @@ where
             "asked for {world} ranks on {gpus} GPU(s): NCCL needs one GPU per rank; ask for 1 to {gpus}"
         ));
     }
-    let (timeout, debug) = (timeout_from_env()?, debug_from_env()?);
+    let (timeout, debug) = (timeout_from_env()?, signatures_from_env(false)?);
     let id = UniqueId::new()?;
     let job = Arc::new(JobWatch::default());
     let failures = Mutex::new(Vec::new());

@@ -35,7 +35,7 @@ impl NcclProcessGroup {
     /// What the receiver must expect: the dtype and shape, as bytes.
     fn p2p_signature(&self, tensor: &Tensor) -> Tensor {
         let mut bytes = format!("{:?}{:?}", tensor.kind(), tensor.size()).into_bytes();
-        bytes.resize(SIGNATURE_BYTES as usize, 0);
+        bytes.resize(SIGNATURE_BYTES, 0);
         Tensor::from_slice(&bytes).to_device(self.device())
     }
 
