@@ -179,3 +179,25 @@ fn ranks_that_disagree_get_a_mismatch_naming_both_calls_and_the_group_still_work
         Ok(())
     });
 }
+
+/// A receive that fails after its signature receive was posted (here: a
+/// tensor of 2^31 bytes, one more than an MPI message can count) reports
+/// why, and keeps its buffers until the job ends: it is not judged, as a
+/// mismatch, on a signature that never arrived.
+#[test]
+fn a_failed_receive_says_why_instead_of_judging_a_signature_that_never_came() {
+    let name = "failures::a_failed_receive_says_why_instead_of_judging_a_signature_that_never_came";
+    let Some(job) = launch(2, name, &[("DDP_TIMEOUT_SECS", "60")], |pg| {
+        if pg.rank() == 0 {
+            // Not touched, so not really allocated: 2 GiB of address space.
+            let mut huge = Tensor::empty([1i64 << 31], (Kind::Uint8, Device::Cpu));
+            let error = pg.recv(&mut huge, 1).expect_err("MPI cannot carry 2^31 bytes in one message");
+            println!("the receive failed: {error}");
+        }
+        Ok(()) // rank 0's group is broken: it cannot finish, and ends the job
+    }) else {
+        return;
+    };
+    assert_ended(&job, START_UP, &["the receive failed: ", "more than one MPI message can carry"]);
+    assert!(!job.output.contains("rank 1 sent"), "judged on a signature rank 1 never sent:\n{}", job.output);
+}

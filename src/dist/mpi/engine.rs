@@ -13,7 +13,8 @@
 //! - every call has a deadline. MPI cannot cancel a collective, so a missed
 //!   deadline breaks the communicator: the call fails naming the ranks that
 //!   never arrived, every later call fails with `Broken`, and the job must
-//!   end (`super::run` aborts it).
+//!   end (`super::run` aborts it). How it breaks and ends, keeping every
+//!   buffer MPI may still write into, is in `engine/failures.rs`.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::Receiver;
@@ -24,6 +25,10 @@ use super::ffi::{self, Comm};
 use super::job::{Action, Active, Done, Job, Reply};
 use crate::dist::call::group_list_problem;
 use crate::dist::DistError;
+
+mod failures;
+#[cfg(test)]
+mod tests;
 
 /// What callers send to the communication thread.
 pub(crate) enum Command {
@@ -51,7 +56,7 @@ pub(crate) struct Engine {
     /// The error that broke the communicators, once one has.
     broken: Option<String>,
     /// Jobs of a broken engine: never freed, since MPI may still write into
-    /// their buffers until the job is aborted.
+    /// their buffers until the job is aborted (`end` leaks them).
     kept: Vec<Active>,
 }
 
@@ -83,7 +88,7 @@ impl Engine {
             } else {
                 match commands.recv() {
                     Ok(command) => Some(command),
-                    Err(_) => return, // every handle is gone
+                    Err(_) => return self.end(), // every handle is gone
                 }
             };
             match command {
@@ -93,7 +98,9 @@ impl Engine {
             }
             if let Some((done, deadline)) = &shutdown {
                 if !self.busy() || Instant::now() >= *deadline || self.broken.is_some() {
-                    done.set(self.shutdown_result());
+                    let (done, result) = (done.clone(), self.shutdown_result());
+                    self.end(); // before the caller hears (and may call MPI_Abort)
+                    done.set(result);
                     return;
                 }
             }
@@ -271,78 +278,6 @@ impl Engine {
         let fresh = CommState { raw, rank, global: global.clone(), queue: VecDeque::new(), running: vec![] };
         self.comms.push(fresh);
         Ok(Ok(Reply::Group(Some((self.comms.len() - 1, rank, global)))))
-    }
-
-    /// A deadline passed: the call fails naming the ranks it waited for,
-    /// and the communicators break (MPI cannot take the call back).
-    fn time_out(&mut self, c: usize, active: Active) -> bool {
-        let comm = &self.comms[c];
-        let silent = active.silent_peers();
-        let mut missing: Vec<usize> = match &active.job.action {
-            Action::Recv { src, .. } => vec![*src],
-            Action::Send { dst, .. } => vec![*dst],
-            _ if !silent.is_empty() => silent,
-            // Everyone arrived (or debug mode is off): the transfer itself stalled.
-            _ => (0..comm.global.len()).filter(|&r| r != comm.rank).collect(),
-        };
-        missing.iter_mut().for_each(|r| *r = comm.global[*r]);
-        let (rank, op, waited) = (self.world_rank, active.job.name.clone(), self.timeout);
-        let error = DistError::Timeout { rank, op, missing, waited };
-        let cause = error.to_string();
-        self.break_all(active, error, cause);
-        true
-    }
-
-    /// An MPI call failed. A receive whose sender's signature differs ends
-    /// as a mismatch (the message was consumed, MPI is fine); anything else
-    /// breaks the communicators.
-    fn fail(&mut self, active: Active, message: String) {
-        if let Action::Recv { .. } = active.job.action {
-            if active.first_difference(&active.own_signature).is_some() {
-                let c = active.job.comm;
-                return self.complete(c, active);
-            }
-        }
-        let (rank, op) = (self.world_rank, active.job.name.clone());
-        let error = DistError::Broken { rank, op, cause: message.clone() };
-        self.break_all(active, error, message);
-    }
-
-    fn break_all(&mut self, active: Active, error: DistError, cause: String) {
-        active.job.done.set(Err(error));
-        self.kept.push(active);
-        self.broken = Some(cause.clone());
-        let rank = self.world_rank;
-        for comm in &mut self.comms {
-            for other in comm.queue.drain(..).chain(comm.running.drain(..)) {
-                let op = other.job.name.clone();
-                other.job.done.set(Err(DistError::Broken { rank, op, cause: cause.clone() }));
-                self.kept.push(other);
-            }
-        }
-    }
-
-    /// How the engine ends: cleanly, or naming what never finished.
-    fn shutdown_result(&self) -> Result<Reply, DistError> {
-        let (rank, op) = (self.world_rank, "finishing the MPI group".to_string());
-        if let Some(cause) = &self.broken {
-            return Err(DistError::Broken { rank, op, cause: cause.clone() });
-        }
-        let pending: Vec<&str> = self
-            .comms
-            .iter()
-            .flat_map(|c| c.queue.iter().chain(&c.running))
-            .map(|a| a.job.name.as_str())
-            .collect();
-        if pending.is_empty() {
-            return Ok(Reply::Done);
-        }
-        let cause = format!(
-            "still in flight after {:?}: {} (never matched by a peer?)",
-            self.timeout,
-            pending.join("; ")
-        );
-        Err(DistError::Broken { rank, op, cause })
     }
 }
 

@@ -88,8 +88,13 @@ pub(crate) fn reduction(kind: Kind, op: ReduceOp) -> Result<sys::MPI_Op, String>
 /// Where a contiguous CPU tensor's elements start, and how many there are.
 /// MPI counts in `int`: larger tensors must be split by the caller.
 pub(crate) fn buffer(tensor: &Tensor) -> Result<(*mut c_void, c_int), String> {
-    let count = c_int::try_from(tensor.numel())
-        .map_err(|_| format!("{} elements is more than one MPI call can carry (2^31 - 1)", tensor.numel()))?;
+    let count = c_int::try_from(tensor.numel()).map_err(|_| {
+        format!(
+            "{} elements is more than one MPI call can carry (2^31 - 1): split the tensor (`chunk`) \
+             and make one call per part",
+            tensor.numel()
+        )
+    })?;
     Ok((tensor.data_ptr(), count))
 }
 
@@ -151,6 +156,13 @@ pub(crate) unsafe fn ibarrier(comm: Comm) -> Result<Request, String> {
     start("MPI_Ibarrier", |r| sys::MPI_Ibarrier(comm, r))
 }
 
+fn too_long_for_one_message(len: usize) -> String {
+    format!(
+        "{len} bytes is more than one MPI message can carry (2^31 - 1 bytes): send the tensor in \
+         parts (`chunk`), one send and one receive per part"
+    )
+}
+
 /// Sends `len` bytes at `ptr` to `peer` with `tag`.
 pub(crate) unsafe fn isend(
     ptr: *const c_void,
@@ -159,8 +171,7 @@ pub(crate) unsafe fn isend(
     tag: c_int,
     comm: Comm,
 ) -> Result<Request, String> {
-    let len =
-        c_int::try_from(len).map_err(|_| format!("{len} bytes is more than one MPI message can carry"))?;
+    let len = c_int::try_from(len).map_err(|_| too_long_for_one_message(len))?;
     start("MPI_Isend", |r| sys::MPI_Isend(ptr, len, sys::RSMPI_UINT8_T, peer as c_int, tag, comm, r))
 }
 
@@ -172,8 +183,7 @@ pub(crate) unsafe fn irecv(
     tag: c_int,
     comm: Comm,
 ) -> Result<Request, String> {
-    let len =
-        c_int::try_from(len).map_err(|_| format!("{len} bytes is more than one MPI message can carry"))?;
+    let len = c_int::try_from(len).map_err(|_| too_long_for_one_message(len))?;
     start("MPI_Irecv", |r| sys::MPI_Irecv(ptr, len, sys::RSMPI_UINT8_T, peer as c_int, tag, comm, r))
 }
 

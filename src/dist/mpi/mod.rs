@@ -35,7 +35,8 @@
 //!   undefined behaviour. `DDP_DEBUG=off` skips it.
 //!
 //! Files: `group.rs` (the `ProcessGroup`), `engine.rs` (the communication
-//! thread), `job.rs` (one call in flight), `ffi.rs` (the raw MPI calls).
+//! thread; `engine/failures.rs`, how it breaks and ends), `job.rs` (one
+//! call in flight), `ffi.rs` (the raw MPI calls).
 
 mod engine;
 mod ffi;
