@@ -42,14 +42,13 @@ fn link_libtorch() -> Option<String> {
     Some(lib)
 }
 
-/// The shim is compiled as torch-sys compiles its own C++: C++17, the
-/// wheel's C++11 ABI (LIBTORCH_CXX11_ABI overrides it, as for torch-sys; a
-/// wrong value fails at link time), and glog's export macro.
+/// The shim is compiled as torch-sys compiles its own C++: C++17, the C++
+/// ABI of the libtorch it links (read from that library, see
+/// `libtorch_cxx11_abi`), and glog's export macro.
 fn compile_autograd_shim(lib: &str) {
     const SHIM: &str = "src/autograd/shim.cpp";
     println!("cargo:rerun-if-changed={SHIM}");
-    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
-    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_string());
+    let abi = libtorch_cxx11_abi(lib);
     let include = Path::new(lib).join("../include");
     cc::Build::new()
         .cpp(true)
@@ -61,6 +60,34 @@ fn compile_autograd_shim(lib: &str) {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .flag("-w") // libtorch's headers warn by the hundred; our 80 lines are checked by hand
         .compile("ddp_autograd_shim");
+}
+
+/// 1 when the libtorch in `lib` was built with the C++11 ABI of libstdc++,
+/// 0 when with the old one: its libc10.so names `std::__cxx11::` strings in
+/// its exported symbols exactly when it was built with the new ABI. A shim
+/// built with the other ABI would fail to link, or worse, pass strings of
+/// the wrong layout. LIBTORCH_CXX11_ABI (torch-sys's setting) must agree.
+fn libtorch_cxx11_abi(lib: &str) -> &'static str {
+    let c10 = Path::new(lib).join("libc10.so");
+    println!("cargo:rerun-if-changed={}", c10.display());
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let bytes = std::fs::read(&c10).unwrap_or_else(|error| {
+        panic!(
+            "cannot read {} to learn libtorch's C++ ABI: {error}\n\
+             -> run scripts/setup.sh (it installs libtorch with the torch wheel)",
+            c10.display()
+        )
+    });
+    let abi = if bytes.windows(7).any(|w| w == b"__cxx11") { "1" } else { "0" };
+    if let Ok(asked) = std::env::var("LIBTORCH_CXX11_ABI") {
+        if asked != abi {
+            panic!(
+                "LIBTORCH_CXX11_ABI={asked}, but the libtorch in {lib} was built with \
+                 _GLIBCXX_USE_CXX11_ABI={abi}\n-> unset LIBTORCH_CXX11_ABI, or set it to {abi}"
+            );
+        }
+    }
+    abi
 }
 
 fn compile_mpi_shim() {

@@ -143,3 +143,25 @@ fn set_grad_refuses_a_gradient_of_another_shape_or_dtype() {
         assert!(error.to_string().contains("cannot belong to a Float[2, 3] parameter"), "{error}");
     }
 }
+
+#[test]
+fn two_guards_on_one_parameter_both_fire_and_dropping_either_keeps_the_other() {
+    let (vs, model) = mlp();
+    let params: Vec<Tensor> = named_parameters(&vs).into_iter().map(|(_, p)| p).collect();
+    let (first, first_calls) = record(&params);
+    let (second, second_calls) = record(&params);
+    model.forward(&input()).sum(None).backward();
+    assert_eq!(first_calls.lock().unwrap().len(), params.len(), "the first guard's hooks fired");
+    assert_eq!(second_calls.lock().unwrap().len(), params.len(), "the second guard's hooks fired");
+    drop(first); // must remove its own hooks only
+    model.forward(&input()).sum(None).backward();
+    assert_eq!(first_calls.lock().unwrap().len(), params.len(), "a dropped guard's hook ran");
+    assert_eq!(
+        second_calls.lock().unwrap().len(),
+        2 * params.len(),
+        "dropping the first guard removed the second guard's hooks"
+    );
+    drop(second);
+    model.forward(&input()).sum(None).backward();
+    assert_eq!(second_calls.lock().unwrap().len(), 2 * params.len(), "no hook is left after both drop");
+}

@@ -92,13 +92,22 @@ extern "C" fn grad_ready(context: *mut c_void, index: i64) {
 
 /// "Gradient ready" hooks on a list of parameters: after each backward pass
 /// accumulates parameter `i`'s gradient, the callback runs with `i` (the
-/// gradient is final then). Dropping the guard removes every hook, so no
-/// callback can outlive what it uses. A parameter holds one such hook: a
-/// second registration on it replaces the first.
+/// gradient is final then). Dropping the guard removes its own hooks, so no
+/// callback can outlive what it uses. Several guards may hook the same
+/// parameter (two wrappers on one model): each fires, in registration
+/// order, and dropping one leaves the others' hooks in place.
 pub struct GradReadyHooks {
     params: Vec<Tensor>,
-    context: Box<HookContext>,
+    /// Owned by this guard (from `Box::into_raw`, freed in `drop` after the
+    /// hooks are gone): the hooks hold this address, so it must never move
+    /// or be reborrowed mutably while they can fire.
+    context: *mut HookContext,
 }
+
+// SAFETY: what the raw pointer owns is `Send + Sync` (a `Send + Sync`
+// callback and a mutex), and the tensors are `Send`: the guard may move to
+// another thread, as it could when the context was a `Box`.
+unsafe impl Send for GradReadyHooks {}
 
 impl GradReadyHooks {
     /// Hooks every tensor of `params` (leaves that require grad) with
@@ -107,14 +116,14 @@ impl GradReadyHooks {
         params: &[Tensor],
         callback: impl Fn(usize) + Send + Sync + 'static,
     ) -> Result<Self, AutogradError> {
-        let context = Box::new(HookContext { callback: Box::new(callback), panicked: Mutex::new(None) });
-        let mut hooks = GradReadyHooks { params: vec![], context };
+        let context = HookContext { callback: Box::new(callback), panicked: Mutex::new(None) };
+        let mut hooks = GradReadyHooks { params: vec![], context: Box::into_raw(Box::new(context)) };
         for (index, param) in params.iter().enumerate() {
             if !param.requires_grad() || !param.is_leaf() {
                 let detail = format!("parameter {index} is not a leaf tensor that requires grad: autograd never accumulates a gradient into it");
                 return Err(AutogradError::Invalid(detail)); // `hooks` drops: the earlier ones are removed
             }
-            let context = &*hooks.context as *const HookContext as *mut c_void;
+            let context = hooks.context as *mut c_void;
             let tensor = param.as_ptr() as *mut c_void;
             call_shim(
                 || format!("registering the gradient hook of parameter {index}"),
@@ -131,25 +140,31 @@ impl GradReadyHooks {
     /// The first panic of a callback since the last call, if any (the hook
     /// itself cannot fail the backward pass that ran it).
     pub fn take_panic(&self) -> Option<String> {
-        self.context.panicked.lock().unwrap_or_else(|p| p.into_inner()).take()
+        // SAFETY: the context lives until `drop`.
+        let context = unsafe { &*self.context };
+        context.panicked.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
 
 impl Drop for GradReadyHooks {
     fn drop(&mut self) {
+        let context = self.context as *mut c_void;
         for param in &self.params {
             let tensor = param.as_ptr() as *mut c_void;
-            // SAFETY: as in `register`; a null callback removes the hook.
-            // Removal cannot fail for a tensor that held one; if it did, the
-            // next backward would call into freed memory, so stop here.
+            // SAFETY: as in `register`; a null callback removes this guard's
+            // entries (those with this context) and no one else's. Removal
+            // cannot fail for a tensor that held one; if it did, the next
+            // backward would call into freed memory, so stop here.
             let removed = call_shim(String::new, |error, len| unsafe {
-                ddp_set_grad_ready_hook(tensor, None, std::ptr::null_mut(), 0, error, len)
+                ddp_set_grad_ready_hook(tensor, None, context, 0, error, len)
             });
             if let Err(error) = removed {
                 eprintln!("could not remove a gradient hook ({error}); aborting rather than risk a dangling callback");
                 std::process::abort();
             }
         }
+        // SAFETY: from `Box::into_raw` in `register`; no hook points at it now.
+        drop(unsafe { Box::from_raw(self.context) });
     }
 }
 

@@ -6,14 +6,17 @@
 //   2. installing a tensor as a parameter's .grad (`param.grad = view`).
 // Compiled by build.rs with the cc crate; tested by `cargo test --test autograd`.
 //
-// Rules: every entry point catches C++ exceptions and returns non-zero with
-// the message in `error`; the Rust callback never unwinds (Rust catches its
+// Rules: every entry point catches every C++ exception and returns non-zero
+// with the message in `error`; the Rust callback never unwinds (Rust catches its
 // panics before returning here).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <stdexcept>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -26,14 +29,21 @@ typedef void (*ddp_grad_ready_fn)(void *context, int64_t index);
 
 namespace {
 
-// The hook object autograd owns: it calls back into Rust.
-struct RustHook : torch::autograd::PostAccumulateGradHook {
-  ddp_grad_ready_fn callback;
-  void *context;
-  int64_t index;
-  RustHook(ddp_grad_ready_fn callback, void *context, int64_t index)
-      : callback(callback), context(context), index(index) {}
-  void operator()(const torch::autograd::Variable & /*tensor*/) override { callback(context, index); }
+// The one hook object autograd keeps per parameter: libtorch holds a single
+// post-accumulate hook in each leaf, so every Rust registration on that leaf
+// is an entry of this list, and each guard removes only its own entry (two
+// wrappers on one model must not clobber each other's hooks).
+struct RustHooks : torch::autograd::PostAccumulateGradHook {
+  struct Entry {
+    ddp_grad_ready_fn callback;
+    void *context;
+    int64_t index;
+  };
+  std::vector<Entry> entries;
+  void operator()(const torch::autograd::Variable & /*tensor*/) override {
+    // The callbacks only mark gradients ready; none adds or removes a hook.
+    for (const Entry &entry : entries) entry.callback(entry.context, entry.index);
+  }
 };
 
 int fail(const char *what, char *error, size_t error_len) {
@@ -44,25 +54,52 @@ int fail(const char *what, char *error, size_t error_len) {
   return 1;
 }
 
+// The leaf's list of Rust hooks, or null when it has none. Throws when the
+// leaf holds a hook that is not ours (a Python hook, say): replacing it would
+// silently drop it.
+RustHooks *rust_hooks(const at::Tensor &leaf) {
+  auto &slot = torch::autograd::impl::post_acc_grad_hooks(leaf);
+  if (!slot) return nullptr;
+  auto *ours = dynamic_cast<RustHooks *>(slot.get());
+  if (ours == nullptr) {
+    throw std::runtime_error("the parameter already holds a post-accumulate-grad hook that this workbook did not set");
+  }
+  return ours;
+}
+
 }  // namespace
 
 extern "C" {
 
-// Registers (callback, context, index) to run after `tensor`'s gradient is
-// accumulated; replaces an earlier registration. `tensor` is the at::Tensor*
-// of a leaf that requires grad. A null callback removes the hook.
+// Adds (callback, context, index) to the hooks that run after `tensor`'s
+// gradient is accumulated. `tensor` is the at::Tensor* of a leaf that requires
+// grad. A null callback removes every entry of `context` from this leaf (and
+// the hook itself once no entry is left); entries of other contexts stay.
 int ddp_set_grad_ready_hook(void *tensor, ddp_grad_ready_fn callback, void *context, int64_t index,
                             char *error, size_t error_len) {
   try {
     auto &leaf = *static_cast<at::Tensor *>(tensor);
+    RustHooks *hooks = rust_hooks(leaf);
     if (callback == nullptr) {
-      torch::autograd::impl::set_post_acc_grad_hooks(leaf, nullptr);
-    } else {
-      torch::autograd::impl::set_post_acc_grad_hooks(leaf, std::make_unique<RustHook>(callback, context, index));
+      if (hooks == nullptr) return 0;
+      auto &entries = hooks->entries;
+      entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                   [context](const RustHooks::Entry &e) { return e.context == context; }),
+                    entries.end());
+      if (entries.empty()) torch::autograd::impl::set_post_acc_grad_hooks(leaf, nullptr);
+      return 0;
     }
+    if (hooks == nullptr) {
+      auto fresh = std::make_unique<RustHooks>();
+      hooks = fresh.get();
+      torch::autograd::impl::set_post_acc_grad_hooks(leaf, std::move(fresh));
+    }
+    hooks->entries.push_back({callback, context, index});
     return 0;
   } catch (const std::exception &e) {
     return fail(e.what(), error, error_len);
+  } catch (...) {
+    return fail("an unknown C++ exception", error, error_len);
   }
 }
 
@@ -74,6 +111,8 @@ int ddp_set_grad(void *param, void *grad, char *error, size_t error_len) {
     return 0;
   } catch (const std::exception &e) {
     return fail(e.what(), error, error_len);
+  } catch (...) {
+    return fail("an unknown C++ exception", error, error_len);
   }
 }
 
