@@ -119,7 +119,7 @@ fn measure(
                 (Sync::Naive, _) => tagged(tag, || naive::sync_gradients(pg.as_ref(), &params))?,
                 (Sync::Bucketed, _) => tagged(tag, || buckets.sync(pg.as_ref(), &params))?,
                 (Sync::Overlapped | Sync::OverlappedCopying, Some(o)) => {
-                    o.finish(false)?;
+                    o.finish(false, Ok(()))?;
                     let last = step == args.steps + 2 && sync == Sync::Overlapped;
                     if args.timeline && pg.rank() == 0 && link.is_some() && last {
                         timeline = Some(timeline_of(o, started));

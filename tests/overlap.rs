@@ -1,8 +1,10 @@
 //! Buckets that leave during backward (`ddp::OverlappedBuckets`): the
 //! overlapped sync equals the bucketed sync bitwise and one process within
 //! TOLERANCE, buckets leave in order and the first before backward ends, a
-//! parameter without a gradient fails on every rank by name (or is averaged
-//! in with `find_unused_parameters`), an unarmed backward sends nothing, and
+//! parameter without a gradient fails on every rank by name (or, with
+//! `find_unused_parameters`, one no rank used is left alone), a failed
+//! backward on one rank fails the step on every rank, an unarmed backward
+//! sends nothing, and
 //! a model used in another order than it was registered in gets its buckets
 //! re-planned after the first step, the same on every rank.
 //!
@@ -19,7 +21,7 @@ use common::{
 };
 use ddp_workbook::check::{compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
-use ddp_workbook::ddp::{BucketCaps, GradientBuckets, OverlappedBuckets};
+use ddp_workbook::ddp::{BucketCaps, GradientBuckets, OverlappedBuckets, SimpleDistributedDataParallelism};
 use ddp_workbook::dist::{tagged, Group};
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::nn::{Module, VarStore};
@@ -60,7 +62,7 @@ fn train(
             optimizer.zero_grad();
             overlap.arm(format!("step {step}"));
             mse(&model.forward(&x), &y).backward();
-            overlap.finish(find_unused)?;
+            overlap.finish(find_unused, Ok(()))?;
             optimizer.step();
             after.push(snapshot(&params));
         }
@@ -111,7 +113,7 @@ fn buckets_leave_in_bucket_order_and_the_first_before_backward_ends() {
         overlap.arm("step".into());
         mse(&model.forward(&x), &y).backward();
         let backward_ended = Instant::now();
-        overlap.finish(false)?;
+        overlap.finish(false, Ok(()))?;
         let record = overlap.last_step();
         Ok((count, record, backward_ended))
     });
@@ -143,9 +145,55 @@ fn a_parameter_without_a_gradient_fails_on_every_rank_by_name_unless_expected() 
             error.contains("\"unused\"") && error.contains("find_unused_parameters: true"),
             "rank {rank}: {error}"
         );
+        assert!(
+            error.contains("invalid gradient sync at the end of backward:"),
+            "rank {rank}: reads {error}"
+        );
     }
+    // With the option, a parameter no rank uses keeps no gradient: the
+    // optimizer skips it, and every other parameter trains as without it.
+    let (vs, _) = mlp_with_an_unused_parameter(5, SIZES);
+    let initial = snapshot(&named_parameters(&vs));
+    let unused_at_start = &initial.iter().find(|(n, _)| n == "unused").expect("the model has it").1;
     let expected = run(2, |pg| train(pg, true, || mlp_with_an_unused_parameter(5, SIZES), true));
-    assert_eq!(expected.len(), 2, "with find_unused_parameters the run goes on");
+    let reference = train_single_process(mlp, Optim::Adam, &global_batches(&data(), GLOBAL_BATCH, STEPS));
+    for (rank, steps) in expected.iter().enumerate() {
+        for (step, params) in steps.iter().enumerate() {
+            let (unused, trained): (Vec<_>, Vec<_>) =
+                snapshot(params).into_iter().partition(|(name, _)| name == "unused");
+            assert!(unused[0].1.equal(unused_at_start), "rank {rank}, step {}: `unused` moved", step + 1);
+            compare_to_reference(&trained, &reference[step].params, TOLERANCE)
+                .unwrap_or_else(|report| panic!("rank {rank}, step {}: {report}", step + 1));
+        }
+    }
+}
+
+/// Rank 1's loss is not a scalar, so its backward fails before computing
+/// anything; rank 0's succeeds. The wrapper with `find_unused_parameters`
+/// must not let rank 0 step on (its gradient + rank 1's zeros) / 2.
+#[test]
+fn a_failed_backward_on_one_rank_fails_the_step_on_every_rank_naming_it() {
+    let outcomes = ddp_workbook::dist::spawn(2, |pg| {
+        let (vs, model) = mlp();
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?
+            .find_unused_parameters(true);
+        let (x, y) = data().batch(pg.rank() as i64 * 6, 6);
+        let prediction = ddp.forward(&x);
+        let loss = if pg.rank() == 1 { (&prediction - &y).square() } else { mse(&prediction, &y) };
+        Ok(ddp.backward(&loss).err().map(|e| e.to_string()))
+    })
+    .unwrap_or_else(|e| panic!("no rank may hang or panic: {e}"));
+    let error =
+        |rank: usize| outcomes[rank].clone().unwrap_or_else(|| panic!("rank {rank} must fail the step"));
+    let (peer, failed) = (error(0), error(1));
+    assert!(
+        peer.contains("rank 1 returned an error from loss.backward()"),
+        "rank 0 must name rank 1's failed backward: {peer}"
+    );
+    assert!(
+        failed.contains("loss.backward()") && failed.starts_with("rank 1"),
+        "rank 1 reports its own: {failed}"
+    );
 }
 
 #[test]
@@ -163,7 +211,7 @@ fn an_unarmed_backward_sends_nothing_and_accumulates_locally() {
         let local = params[0].1.grad().copy();
         overlap.arm("sync".into());
         mse(&model.forward(&x), &y).backward();
-        overlap.finish(false)?;
+        overlap.finish(false, Ok(()))?;
         Ok((during, local, pg.stats().all_reduce - before))
     });
     for (rank, (during, _, total)) in per_rank.iter().enumerate() {
@@ -171,4 +219,28 @@ fn an_unarmed_backward_sends_nothing_and_accumulates_locally() {
         assert!(*total > 0, "rank {rank}: the armed backward synced");
     }
     assert!(!per_rank[0].1.equal(&per_rank[1].1), "unsynced gradients stay each rank's own");
+}
+
+#[test]
+fn a_second_wrapper_on_the_same_model_keeps_its_hooks_when_the_first_is_dropped() {
+    let per_rank = run(2, |pg| {
+        let (vs, model) = mlp();
+        // Both wrap the variables of `vs` (the first with a stand-in module):
+        // every parameter gets a hook from each.
+        let stand_in = ddp_workbook::tch::nn::func(|x| x.shallow_clone());
+        let first = SimpleDistributedDataParallelism::with_bucket_caps(stand_in, &vs, pg.clone(), CAPS)?;
+        let second = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
+        drop(first); // must remove its own hooks, not the second's
+        let (x, y) = data().batch(pg.rank() as i64 * 6, 6);
+        second.backward(&mse(&second.forward(&x), &y))?;
+        Ok(second.last_step())
+    });
+    for (rank, record) in per_rank.iter().enumerate() {
+        let ended = record.backward_ended.expect("a synced step");
+        assert!(
+            !record.ready_order.is_empty() && record.launches[0].at < ended,
+            "rank {rank}: the second wrapper's hooks must still fire during backward ({} gradients ready)",
+            record.ready_order.len()
+        );
+    }
 }

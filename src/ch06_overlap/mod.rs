@@ -87,7 +87,7 @@ impl<M: Module> OverlappedDdp<M> {
         }
         self.buckets.arm("overlapped sync".into());
         let backward = self.backward_local(loss);
-        backward.and(self.buckets.finish(self.find_unused))
+        self.buckets.finish(self.find_unused, backward) // a failed backward anywhere fails every rank
     }
 }
 // ANCHOR_END: wrapper

@@ -20,7 +20,7 @@ use super::bucketed::GradientBuckets;
 use super::layout::Bucket;
 use super::overlap_steps::{BucketProgress, OverlapSteps};
 use super::replan::agree_on_order;
-use super::unused::unused_check;
+use super::unused::{end_of_backward_check, EndOfBackward};
 use crate::autograd::GradReadyHooks;
 use crate::dist::{tagged, DistError, Group, Work};
 
@@ -178,13 +178,20 @@ impl OverlappedBuckets {
         p.record = StepRecord::default();
     }
 
-    /// After the armed backward pass: launches what has not left (buckets
-    /// with a parameter that got no gradient, its slot zero), waits for
-    /// every all-reduce, divides by the world size, and checks that every
-    /// rank computed the same parameters' gradients: names the parameters
-    /// that got none unless `find_unused_parameters`. After the first
-    /// successful call, re-plans the buckets from the observed order.
-    pub fn finish(&self, find_unused_parameters: bool) -> Result<(), DistError> {
+    /// After the armed backward pass, whose result is `backward`: launches
+    /// what has not left (buckets with a parameter that got no gradient, its
+    /// slot zero), waits for every all-reduce, divides by the world size,
+    /// and checks with every rank that each backward succeeded and computed
+    /// the same parameters' gradients. A failed backward on any rank fails
+    /// the step on every rank (this rank returns its own backward error);
+    /// parameters that got no gradient are named unless
+    /// `find_unused_parameters`. After the first successful call, re-plans
+    /// the buckets from the observed order.
+    pub fn finish(
+        &self,
+        find_unused_parameters: bool,
+        backward: Result<(), DistError>,
+    ) -> Result<(), DistError> {
         if let Some(message) = self.hooks.take_panic() {
             let mut p = self.lock();
             p.armed = false;
@@ -220,7 +227,15 @@ impl OverlappedBuckets {
         let Progress { state, buckets, .. } = &mut *p;
         state.reset(buckets.layout());
         result?;
-        unused_check(pg.as_ref(), &p.buckets, &p.params, &unused, find_unused_parameters, &p.tag)?;
+        let this_rank = EndOfBackward {
+            unused: &unused,
+            backward_failed: backward.is_err(),
+            find_unused_parameters,
+            tag: &p.tag,
+        };
+        let checked = end_of_backward_check(pg.as_ref(), &p.buckets, &p.params, this_rank);
+        backward?; // this rank's own error says more than the check's
+        checked?;
         if std::mem::replace(&mut p.replan_pending, false) {
             let order = agree_on_order(pg.as_ref(), &p.record.ready_order, p.params.len())?;
             let Progress { buckets, params, .. } = &mut *p;
@@ -242,7 +257,7 @@ impl OverlappedBuckets {
                 (0..p.params.len()).filter(|&i| p.params[i].1.grad().defined()).collect();
             present.into_iter().for_each(|i| p.mark(i));
         }
-        self.finish(find_unused_parameters)
+        self.finish(find_unused_parameters, Ok(()))
     }
 
     /// The last synced backward, as it happened.

@@ -1,47 +1,81 @@
-//! The check at the end of an overlapped backward: did every rank compute a
-//! gradient for the same parameters? A parameter that got none sent zeros
-//! in its slot, so no rank hangs; but unless the model said it skips
-//! parameters (`find_unused_parameters`), that is a bug worth stopping for,
-//! on every rank at once, by name.
+//! The check at the end of an overlapped backward: did every rank's backward
+//! pass succeed, and did every rank compute a gradient for the same
+//! parameters? A rank whose backward failed, or a parameter that got no
+//! gradient, still sent its buckets (zeros in the missing slots), so no rank
+//! hangs; then one small all-reduce tells every rank what happened
+//! everywhere. A failed backward on any rank fails the step on every rank,
+//! naming that rank: its peers must not step on an average that mixes in its
+//! zeros. A parameter without a gradient is a bug worth stopping for too,
+//! on every rank at once, by name, unless the model said it skips
+//! parameters (`find_unused_parameters`).
 //!
 //! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
 
 use tch::Tensor;
 
 use super::bucketed::GradientBuckets;
-use crate::dist::{tagged, DistError, ReduceOp};
+use crate::dist::{tagged, DistError, ProcessGroup, ReduceOp};
 
-/// Every rank learns which parameters got no gradient on some rank, and
-/// which got one on some rank (one small all-reduce of two masks). Unless
-/// unused parameters were expected, every rank fails with the same error,
-/// naming them. When they were, a parameter that this rank did not use but
+/// What this rank brings to the end-of-backward check.
+pub(super) struct EndOfBackward<'a> {
+    /// The parameters whose gradient-ready hook did not fire here.
+    pub unused: &'a [usize],
+    /// Whether this rank's `loss.backward()` returned an error.
+    pub backward_failed: bool,
+    pub find_unused_parameters: bool,
+    /// The sync's name, for the all-reduce's tag.
+    pub tag: &'a str,
+}
+
+/// Every rank learns which ranks' backward failed, which parameters got no
+/// gradient on some rank, and which got one on some rank: one all-reduce
+/// (MAX) of `[unused here (n) | used here (n) | backward failed, per rank]`.
+/// Then every rank reaches the same verdict: a failed backward anywhere
+/// fails the step everywhere (the failing rank gets `PeerGone` naming
+/// itself here; its caller reports its own backward error instead); so
+/// does a parameter without a gradient unless unused parameters were
+/// expected. When they were, a parameter that this rank did not use but
 /// another did gets the averaged gradient here too, so that every replica
 /// takes the same step.
-pub(super) fn unused_check(
-    pg: &dyn crate::dist::ProcessGroup,
+pub(super) fn end_of_backward_check(
+    pg: &dyn ProcessGroup,
     buckets: &GradientBuckets,
     params: &[(String, Tensor)],
-    unused: &[usize],
-    find_unused_parameters: bool,
-    tag: &str,
+    this_rank: EndOfBackward<'_>,
 ) -> Result<(), DistError> {
-    let n = params.len() as i64;
+    let (n, world) = (params.len() as i64, pg.world_size() as i64);
     // On the parameters' device: a GPU backend moves GPU tensors only.
     let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
-    let mut mask = Tensor::zeros([2, n], (tch::Kind::Int, device)); // [unused here, used here]
-    let _ = mask.get(1).fill_(1);
-    for &i in unused {
-        let _ = mask.get(0).get(i as i64).fill_(1);
-        let _ = mask.get(1).get(i as i64).fill_(0);
+    let mut flags = Tensor::zeros([2 * n + world], (tch::Kind::Int, device));
+    let _ = flags.narrow(0, n, n).fill_(1); // used here, until marked unused below
+    for &i in this_rank.unused {
+        let _ = flags.get(i as i64).fill_(1);
+        let _ = flags.get(n + i as i64).fill_(0);
     }
-    tagged(format!("{tag}, unused parameters"), || pg.all_reduce(&mut mask, ReduceOp::Max))?;
-    let unused_somewhere: Vec<usize> =
-        (0..params.len()).filter(|&i| mask.int64_value(&[0, i as i64]) != 0).collect();
-    if unused_somewhere.is_empty() {
+    if this_rank.backward_failed {
+        let _ = flags.get(2 * n + pg.rank() as i64).fill_(1);
+    }
+    tagged(format!("{}, end-of-backward check", this_rank.tag), || pg.all_reduce(&mut flags, ReduceOp::Max))?;
+    let flags: Vec<i32> = Vec::try_from(flags.to_device(tch::Device::Cpu)).unwrap_or_default();
+    let (unused_somewhere, used_somewhere, failed) =
+        (&flags[..n as usize], &flags[n as usize..2 * n as usize], &flags[2 * n as usize..]);
+
+    if let Some(peer) = failed.iter().position(|&f| f != 0) {
+        let reason = "returned an error from loss.backward() in this step (its own error says why); \
+                      every rank fails the step, since the averages would mix in its missing gradients";
+        return Err(DistError::PeerGone {
+            rank: pg.rank(),
+            op: format!("the gradient sync at the end of backward ({})", this_rank.tag),
+            peer,
+            reason: reason.into(),
+        });
+    }
+    let unused_anywhere: Vec<usize> = (0..params.len()).filter(|&i| unused_somewhere[i] != 0).collect();
+    if unused_anywhere.is_empty() {
         return Ok(());
     }
-    if !find_unused_parameters {
-        let names: Vec<&str> = unused_somewhere.iter().map(|&i| params[i].0.as_str()).collect();
+    if !this_rank.find_unused_parameters {
+        let names: Vec<&str> = unused_anywhere.iter().map(|&i| params[i].0.as_str()).collect();
         let detail = format!(
             "parameter(s) {names:?} got no gradient in this backward pass on at least one rank. Their \
              buckets were sent with zeros in their place, so every rank still agrees; but a model \
@@ -50,12 +84,12 @@ pub(super) fn unused_check(
         );
         return Err(DistError::Invalid {
             rank: pg.rank(),
-            op: "the gradient sync at the end of backward".into(),
+            op: "gradient sync at the end of backward".into(),
             detail,
         });
     }
-    for &i in unused {
-        if mask.int64_value(&[1, i as i64]) != 0 {
+    for &i in this_rank.unused {
+        if used_somewhere[i] != 0 {
             let (name, param) = &params[i];
             let averaged = buckets.slot(i, params).view(param.size().as_slice()).copy();
             crate::autograd::set_grad(param, &averaged).map_err(|e| DistError::Invalid {

@@ -92,9 +92,11 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         self.buckets.arm(self.sync_tag());
         let backward = self.backward_local(loss);
         let started = Instant::now(); // what is left to wait for is what did not overlap
-        let synced = self.buckets.finish(self.find_unused);
+                                      // Even when this rank's backward failed: its peers' buckets wait for
+                                      // its own, and the end-of-backward check fails the step everywhere.
+        let synced = self.buckets.finish(self.find_unused, backward);
         self.clock(started);
-        backward.and(synced)
+        synced
     }
 
     /// Averages every gradient over all ranks, one all-reduce per bucket, and

@@ -2,8 +2,11 @@
 //! the slot where the ranks meet, and how the shared result is computed.
 //! Try it: `cargo test --test dist`.
 
+use std::panic::Location;
+
 use tch::{Kind, Tensor};
 
+use super::tag::current_tag;
 use super::ReduceOp;
 
 /// Which collective a rank asked for; compared across ranks.
@@ -29,6 +32,47 @@ pub(crate) struct Call {
     pub kind: Option<Kind>,
     /// The caller's name for the call (see `tag.rs`), compared like the shape.
     pub tag: Option<String>,
+    /// Where an untagged call was made (file, line, column), compared like
+    /// the tag: every rank runs the same program, so the same call is made
+    /// from the same place (see `tag.rs` for what this catches and what not).
+    pub site: Option<&'static Location<'static>>,
+}
+
+impl Call {
+    /// This thread's call of `op` on a tensor of `shape` and `kind`, named by
+    /// the current tag, or, without one, by the place the `ProcessGroup`
+    /// method was called from (every function between that method and this
+    /// one carries `#[track_caller]`).
+    #[track_caller]
+    pub fn here(op: Op, shape: Vec<i64>, kind: Option<Kind>) -> Call {
+        let tag = current_tag();
+        let here = Location::caller(); // called here, not through a closure: that would name the closure
+        let site = tag.is_none().then_some(here);
+        Call { op, shape, kind, tag, site }
+    }
+
+    /// What to say when two ranks' calls differ only in where they were
+    /// made: perhaps one rank skipped a call, or the program makes the same
+    /// call from two places on purpose (a branch on the rank), which a tag
+    /// says.
+    pub fn site_hint(&self, other: &Call) -> &'static str {
+        let same_but_site = Call { site: None, ..self.clone() } == Call { site: None, ..other.clone() };
+        if same_but_site && self.site != other.site {
+            ". The calls differ only in where they were made: did a rank skip a call, or take another \
+             branch? If this is the same call made from two places on purpose, name it on every rank \
+             with `dist::tagged(\"...\", || ...)`, which replaces the place in the comparison"
+        } else {
+            ""
+        }
+    }
+
+    /// The call with where it was made: what the ranks compare, in words.
+    pub fn signature(&self) -> String {
+        match self.site {
+            Some(site) => format!("{self} at {site}"),
+            None => self.to_string(),
+        }
+    }
 }
 
 impl std::fmt::Display for Call {

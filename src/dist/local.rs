@@ -12,7 +12,6 @@ use tch::Tensor;
 use super::call::{group_list_problem, Call, Op};
 use super::comm_thread::CommThread;
 use super::completion::Completion;
-use super::tag::current_tag;
 use super::world::World;
 use super::{is_float, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 
@@ -70,6 +69,7 @@ impl LocalProcessGroup {
     }
 
     /// Checks an all-reduce, counts it and joins it: its number and name.
+    #[track_caller]
     fn begin_all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<(u64, String), DistError> {
         self.check_tensor("all_reduce", tensor)?;
         if op == ReduceOp::Avg && !is_float(tensor.kind()) {
@@ -92,14 +92,10 @@ impl LocalProcessGroup {
 
     /// Joins the next collective and returns its number and its name for
     /// error messages ("all_reduce(sum) of Float[4] (call #3 of sub-group [2, 3])").
+    #[track_caller]
     fn start(&self, op: Op, tensor: Option<&Tensor>, input: Option<Tensor>) -> (u64, String) {
         let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
-        let call = Call {
-            op,
-            shape: tensor.map(Tensor::size).unwrap_or_default(),
-            kind: tensor.map(Tensor::kind),
-            tag: current_tag(),
-        };
+        let call = Call::here(op, tensor.map(Tensor::size).unwrap_or_default(), tensor.map(Tensor::kind));
         let name = format!("{call} (call #{seq}{})", self.world.label);
         self.world.arrive(self.rank, seq, call, input);
         (seq, name)

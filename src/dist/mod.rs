@@ -12,12 +12,14 @@
 //! - no call blocks forever: each has a timeout, and a rank that panics,
 //!   errors or exits makes its peers' pending and later calls fail promptly
 //!   with a [`DistError`] that names that rank and the operation;
-//! - ranks that disagree (a different operation, shape, dtype, root or
-//!   [`tagged`] name for the same call) get a [`DistError::Mismatch`] instead
-//!   of a wrong answer. What no backend can catch: untagged calls with the
-//!   same operation, shape and dtype that the ranks make in a different order
-//!   (or one rank skips): they pair up and combine unrelated tensors. Tag the
-//!   calls whose order matters, as the DDP library does;
+//! - ranks that disagree (a different operation, shape, dtype, root,
+//!   [`tagged`] name or, untagged, source location for the same call) get a
+//!   [`DistError::Mismatch`] instead of a wrong answer (MPI compares in its
+//!   debug mode, on by default; NCCL with `DDP_DEBUG=detail`). What no
+//!   backend can catch: untagged calls with the same operation, shape and
+//!   dtype made from one place (a loop) that the ranks walk in a different
+//!   order (or one rank skips): they pair up and combine unrelated tensors.
+//!   Tag the calls whose order matters, as the DDP library does;
 //! - reductions are deterministic: every rank receives bitwise the same result.
 
 mod call;
@@ -160,6 +162,10 @@ impl Drop for Work {
 // ANCHOR: process_group
 /// A group of ranks that run collectives together (`torch.distributed`'s
 /// process group). Every rank must make the same calls in the same order.
+///
+/// `#[track_caller]` lets a backend see where each collective was called
+/// from: an untagged call is named by that place, and ranks whose calls
+/// pair up from different places get a mismatch (see `dist::tag`).
 pub trait ProcessGroup: Send + Sync {
     /// This process's index in the group, from 0 to `world_size() - 1`.
     fn rank(&self) -> usize;
@@ -169,20 +175,26 @@ pub trait ProcessGroup: Send + Sync {
     fn backend(&self) -> &'static str;
 
     /// Copies `root`'s tensor into `tensor` on every rank.
+    #[track_caller]
     fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError>;
     /// Replaces `tensor` on every rank with the reduction of all ranks' tensors.
+    #[track_caller]
     fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
         self.all_reduce_async(tensor, op)?.wait()
     }
     /// Starts an all-reduce and returns at once; the result lands in `tensor`
     /// when the returned [`Work`] is waited on.
+    #[track_caller]
     fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError>;
     /// Every rank's `tensor`, in rank order, on every rank.
+    #[track_caller]
     fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError>;
     /// Splits `tensor` along dimension 0 into `world_size` equal chunks,
     /// reduces chunk `i` across ranks, and returns it to rank `i`.
+    #[track_caller]
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError>;
     /// Returns once every rank has called it.
+    #[track_caller]
     fn barrier(&self) -> Result<(), DistError>;
     /// Sends a copy of `tensor` to rank `dst`. Sends are buffered, so this
     /// returns without waiting for the matching `recv`. (On NCCL the copy
@@ -200,6 +212,7 @@ pub trait ProcessGroup: Send + Sync {
     /// Collectives in the sub-group involve its members only.
     ///
     /// The default says that the backend has no sub-groups.
+    #[track_caller]
     fn new_group(&self, ranks: &[usize]) -> Result<Option<Group>, DistError> {
         let detail = format!("the {} backend cannot make sub-groups (asked for {ranks:?})", self.backend());
         Err(DistError::Invalid { rank: self.rank(), op: "new_group".into(), detail })

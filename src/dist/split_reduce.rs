@@ -17,7 +17,19 @@
 //! never waits for another rank's thread, only for work in progress, and
 //! ranks that wait on their `Work` handles in different orders cannot block
 //! each other. Rank N-1 returns last: the others copy from its tensor.
+//!
+//! Once every rank has arrived, nothing can stop the call: a task is pure
+//! computation on tensors the call holds, and it always ends (a panic in one
+//! is caught and reported to every rank like libtorch's errors). So a rank
+//! that leaves now (it panicked after `all_reduce_async`, its communication
+//! thread still reducing a slice) fails no one, and no deadline applies:
+//! either every rank gets the result, or every rank gets the same error.
+//!
+//! Tensors that share memory (one tensor handed to two ranks) would be read
+//! after another rank's step wrote them; `world.rs` sends those down the
+//! copying path instead.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -25,7 +37,7 @@ use std::time::Instant;
 use tch::Tensor;
 
 use super::world::World;
-use super::{DistError, ReduceOp};
+use super::{panic_message, DistError, ReduceOp};
 
 const UNCLAIMED: usize = usize::MAX;
 
@@ -117,6 +129,22 @@ impl SplitReduce {
     }
 }
 
+/// Whether two of `tensors` (contiguous) share any byte of memory: then the
+/// in-place chain would read a rank's input after another rank's step wrote
+/// it (one tensor handed to ranks 1 and 2 would be counted twice over).
+pub(crate) fn any_overlap(tensors: &[Tensor]) -> bool {
+    let mut ranges: Vec<(usize, usize)> = tensors
+        .iter()
+        .filter(|t| t.numel() > 0)
+        .map(|t| {
+            let start = t.data_ptr() as usize;
+            (start, start + t.numel() * t.kind().elt_size_in_bytes())
+        })
+        .collect();
+    ranges.sort_unstable();
+    ranges.windows(2).any(|pair| pair[1].0 < pair[0].1)
+}
+
 /// The first unclaimed task, looking from `start` on, now claimed by `rank`.
 fn claim(owners: &[AtomicUsize], rank: usize, start: usize) -> Option<usize> {
     let n = owners.len();
@@ -138,7 +166,6 @@ impl World {
         split: &SplitReduce,
         op_name: &str,
     ) -> Result<(), DistError> {
-        let deadline = Instant::now().checked_add(self.timeout);
         let last = self.size - 1;
         loop {
             let (owners, done, task_is_copy) = if !all_done(&split.reduce_done) {
@@ -149,9 +176,22 @@ impl World {
             // Own work first: this rank's slice, or the copies into its own tensor.
             let start = if task_is_copy { rank.min(last - 1) * self.size } else { rank };
             if let Some(task) = claim(owners, rank, start) {
-                let result = if task_is_copy { split.copy_slice(task) } else { split.reduce_slice(task) };
-                if let Err(error) = result {
-                    *split.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    if task_is_copy {
+                        split.copy_slice(task)
+                    } else {
+                        split.reduce_slice(task)
+                    }
+                }));
+                let failure = match result {
+                    Ok(Ok(())) => None,
+                    Ok(Err(error)) => Some(error.to_string()),
+                    Err(panic) => {
+                        Some(format!("a task of the reduction panicked: {}", panic_message(&*panic)))
+                    }
+                };
+                if let Some(failure) = failure {
+                    split.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(failure);
                 }
                 done[task].store(rank, Ordering::Release);
                 drop(self.lock()); // so that no waiter misses the wake-up below
@@ -174,36 +214,17 @@ impl World {
             while !finished() && watching.elapsed() < SPIN {
                 std::hint::spin_loop();
             }
-            self.wait_for_tasks(rank, split, op_name, deadline, owners, done, &finished)?;
+            self.wait_for_tasks(&finished);
         }
     }
 
-    /// Waits until `finished()`, or fails: a task's owner left, or the deadline passed.
-    #[allow(clippy::too_many_arguments)]
-    fn wait_for_tasks(
-        &self,
-        rank: usize,
-        split: &SplitReduce,
-        op_name: &str,
-        deadline: Option<Instant>,
-        owners: &[AtomicUsize],
-        done: &[AtomicUsize],
-        finished: &dyn Fn() -> bool,
-    ) -> Result<(), DistError> {
+    /// Sleeps until `finished()`. The tasks it waits for are in progress on
+    /// other threads, and a task always ends (see the module's comment):
+    /// neither a rank that left nor a deadline can be a reason to stop.
+    fn wait_for_tasks(&self, finished: &dyn Fn() -> bool) {
         let mut guard = self.lock();
-        loop {
-            if finished() {
-                return self.split_failure(rank, split, op_name);
-            }
-            let busy: Vec<usize> = (0..owners.len())
-                .filter(|&t| done[t].load(Ordering::Acquire) == UNCLAIMED)
-                .map(|t| owners[t].load(Ordering::Acquire))
-                .filter(|&owner| owner != UNCLAIMED)
-                .collect();
-            if let Some(error) = self.wait_failure(&guard.gone, rank, &busy, deadline, op_name) {
-                return Err(error);
-            }
-            guard = self.wait(guard, deadline);
+        while !finished() {
+            guard = self.wait(guard, None);
         }
     }
 

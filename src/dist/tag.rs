@@ -4,11 +4,16 @@
 //! `Mismatch` instead of the sum of unrelated tensors.
 //!
 //! Why it is needed: calls pair by their number (call k of every rank meets
-//! call k of every other rank). A rank that skips one all-reduce, or walks
-//! two same-shaped gradients in another order, still pairs shape with shape,
-//! and without a name no backend can tell. PyTorch's
+//! call k of every other rank). Without a tag, a call is named by the place
+//! it was made from (`Call::here`): a rank that skips an all-reduce, or
+//! makes two same-shaped ones written on different lines in another order,
+//! pairs calls from different places, and that is a mismatch. What the place
+//! cannot tell apart: one line that all-reduces same-shaped tensors in a
+//! loop, walked in another order on one rank or with one iteration skipped;
+//! the calls pair shape with shape, place with place. A tag names what the
+//! call carries ("gradient of `a`"), so those differ too. PyTorch's
 //! `TORCH_DISTRIBUTED_DEBUG=DETAIL` compares operation, shapes and dtypes
-//! only, and NCCL compares nothing, so there it goes unnoticed too.
+//! only, and NCCL compares nothing, so there both go unnoticed.
 //!
 //! Tested by `cargo test --test dist` (`tags.rs`).
 //!

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tch::Tensor;
 
 use super::call::{compute, Call, Op, Outcome, Slot};
-use super::split_reduce::SplitReduce;
+use super::split_reduce::{any_overlap, SplitReduce};
 use super::DistError;
 
 /// A sub-group created from this world: its members (ranks of this world,
@@ -127,9 +127,11 @@ impl World {
             None => slot.first = Some((rank, call.clone())),
             Some((first_rank, first_call)) if *first_call != call && slot.outcome.is_none() => {
                 let (first_rank, this_rank) = (self.global[*first_rank], self.global[rank]);
+                let hint = first_call.site_hint(&call);
+                let (first_call, call) = (first_call.signature(), call.signature());
                 let detail = format!(
                     "rank {first_rank} called {first_call} but rank {this_rank} called {call} \
-                     as collective call #{seq}{}",
+                     as collective call #{seq}{}{hint}",
                     self.label
                 );
                 slot.outcome = Some(Outcome::Mismatch(detail));
@@ -147,8 +149,9 @@ impl World {
                 Op::AllReduce(reduce) if self.size > 1 && slot.abandoned.is_none() => {
                     let inputs: Vec<&Tensor> = slot.inputs.iter().flatten().collect();
                     let tensors: Vec<Tensor> = inputs.iter().map(|t| t.shallow_clone()).collect();
-                    let contiguous = tensors.iter().all(Tensor::is_contiguous);
-                    contiguous.then(|| SplitReduce::new(&tensors, reduce)).flatten()
+                    // Tensors that share memory go down the copying path (see split_reduce.rs).
+                    let in_place = tensors.iter().all(Tensor::is_contiguous) && !any_overlap(&tensors);
+                    in_place.then(|| SplitReduce::new(&tensors, reduce)).flatten()
                 }
                 _ => None,
             };

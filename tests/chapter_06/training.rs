@@ -164,13 +164,19 @@ fn no_sync_sends_nothing_and_accumulates_and_the_step_equals_one_process() {
     }
 }
 
+/// What one rank saw of a step with the parameter `unused`: its parameters
+/// after the step, and the gradient of `unused` it stepped with (`None`: it
+/// had none).
+type UnusedStep = (Named, Option<Vec<f64>>);
+
 /// One step where rank `skipping` leaves the parameter `unused` out of its
-/// loss, and the others use it; the error each rank got, or its parameters.
+/// loss, and the others use it (each adds `0.5 * unused.sum()`, whose
+/// gradient is 0.5 in every element); the error each rank got, or what it saw.
 fn step_with_unused(
     pg: Group,
     skipping: Option<usize>,
     find_unused: bool,
-) -> anyhow::Result<Result<Named, String>> {
+) -> anyhow::Result<Result<UnusedStep, String>> {
     let (vs, model) = mlp_with_an_unused_parameter(5, SIZES);
     let mut optimizer = Optim::Sgd.build(&vs)?;
     let ddp =
@@ -183,10 +189,12 @@ fn step_with_unused(
         loss += unused.sum(Kind::Double) * 0.5; // the others use it
     }
     let outcome = ddp.backward(&loss).map_err(|e| e.to_string());
+    let grad = unused.grad();
+    let stepped_with = grad.defined().then(|| Vec::<f64>::try_from(grad.copy()).expect("a f64 gradient"));
     if outcome.is_ok() {
         optimizer.step();
     }
-    Ok(outcome.map(|()| snapshot(ddp.parameters())))
+    Ok(outcome.map(|()| (snapshot(ddp.parameters()), stepped_with)))
 }
 
 #[test]
@@ -203,10 +211,20 @@ fn a_parameter_without_a_gradient_fails_every_rank_by_name_unless_expected() {
             );
         }
         let expected = run(2, |pg| step_with_unused(pg, skipping, true));
-        let after: Vec<Named> = expected
+        let (after, grads): (Vec<Named>, Vec<Option<Vec<f64>>>) = expected
             .into_iter()
             .map(|o| o.unwrap_or_else(|e| panic!("with find_unused_parameters the step goes on: {e}")))
-            .collect();
+            .unzip();
+        // By hand: when rank 1 skips it, rank 0's 0.5 and rank 1's nothing
+        // average to 0.25 on both ranks (a sum would give 0.5, a rank's own
+        // gradient 0.5 or none); when no rank uses it, it keeps no gradient.
+        let by_hand = skipping.map(|_| vec![0.25; 3]);
+        for (rank, grad) in grads.iter().enumerate() {
+            assert_eq!(
+                grad, &by_hand,
+                "rank {rank}: `unused` must step with the average over the ranks ({skipping:?} skips it)"
+            );
+        }
         compare_replicas(&after, 0.0).unwrap_or_else(|report| {
             panic!(
                 "with find_unused_parameters ({skipping:?} skips it) the replicas must stay equal: {report}"

@@ -157,6 +157,36 @@ fn a_rank_that_leaves_after_joining_an_async_call_still_contributes() {
 }
 
 #[test]
+fn a_rank_that_leaves_while_its_thread_still_reduces_fails_no_one() {
+    // The same, with a tensor large enough that rank 1's communication
+    // thread is still reducing its slice (in place, into every rank's
+    // tensor) when rank 1 panics. Ranks 0 and 2 must get the whole sum, not
+    // an error while the chain goes on writing into their tensors.
+    for round in 0..3 {
+        let sums = std::sync::Mutex::new(Vec::new());
+        let error = run_err(3, GENEROUS, |pg| {
+            let t = Tensor::ones([1 << 24], (Kind::Float, ddp_workbook::tch::Device::Cpu));
+            let work = pg.all_reduce_async(&t, ReduceOp::Sum)?;
+            if pg.rank() == 1 {
+                panic!("rank one gave up while its slice was being reduced");
+            }
+            work.wait()?;
+            let (low, high) = (t.min().double_value(&[]), t.max().double_value(&[]));
+            sums.lock().unwrap().push((pg.rank(), low, high));
+            Ok(())
+        });
+        let mut sums = sums.into_inner().unwrap();
+        sums.sort_by_key(|(rank, _, _)| *rank);
+        assert_eq!(
+            sums,
+            vec![(0, 3.0, 3.0), (2, 3.0, 3.0)],
+            "round {round}: 1 + 1 + 1 everywhere on ranks 0 and 2"
+        );
+        assert_eq!(failed_ranks(&error), vec![1], "round {round}: only rank 1 fails: {error}");
+    }
+}
+
+#[test]
 fn a_rank_that_skips_a_call_while_alive_makes_the_others_time_out() {
     let started = Instant::now();
     let error = run_err(3, SHORT, |pg| {

@@ -62,3 +62,22 @@ fn every_op_equals_the_rank_ordered_reduction_bitwise() {
         }
     }
 }
+
+#[test]
+fn ranks_whose_tensors_share_memory_get_the_sum_of_their_inputs() {
+    // Ranks 1 and 2 are handed the same tensor x; rank 0 its own x0. Each
+    // rank's input counts once: x0 + x + x (reduced in place along the
+    // ranks, the shared memory would be counted twice over: 2 (x0 + x)).
+    let shared = std::sync::Mutex::new(Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0]));
+    let results = run_ok(3, |pg| {
+        let mut t = match pg.rank() {
+            0 => Tensor::from_slice(&[10.0f64, 20.0, 30.0, 40.0]),
+            _ => shared.lock().unwrap().shallow_clone(),
+        };
+        pg.all_reduce(&mut t, ReduceOp::Sum)?;
+        Ok(Vec::<f64>::try_from(&t)?)
+    });
+    for (rank, got) in results.iter().enumerate() {
+        assert_eq!(got, &vec![12.0, 24.0, 36.0, 48.0], "rank {rank}: x0 + 2x");
+    }
+}

@@ -1,8 +1,11 @@
 //! Calls that pair up with the same operation, shape and dtype: what the
-//! process group can and cannot tell apart. Untagged, two same-shaped calls
-//! made in a different order combine unrelated tensors and report success (no
-//! backend can see it; the docs say so). Tagged with `dist::tagged`, they are
-//! a `Mismatch` on every rank, naming both calls.
+//! process group can and cannot tell apart. An untagged call is named by
+//! the place it was made (file, line, column): a rank that skips a call, or
+//! makes two same-shaped calls in another order, pairs calls made in
+//! different places and gets a `Mismatch` naming both. What is still not
+//! caught: two same-shaped calls made from the same place (one line in a
+//! loop) with different data; tags exist for that. Tagged with
+//! `dist::tagged`, such calls are a `Mismatch` on every rank, naming both.
 //! Run: `cargo test --test dist tags`
 
 use ddp_workbook::ddp::naive;
@@ -18,9 +21,10 @@ fn named(name: &str, rank: usize) -> Tensor {
 }
 
 #[test]
-fn untagged_calls_in_another_order_pair_up_silently_which_is_why_tags_exist() {
-    // The limitation the docs state: same operation, shape and dtype, so the
-    // calls pair up and "a" on rank 0 is summed with "b" on rank 1.
+fn untagged_calls_in_another_order_from_one_place_pair_up_silently_which_is_why_tags_exist() {
+    // The limitation the docs state: same operation, shape and dtype, made
+    // from the same line, so the calls pair up and "a" on rank 0 is summed
+    // with "b" on rank 1.
     let sums = run_ok(2, |pg| {
         let order = if pg.rank() == 0 { ["a", "b"] } else { ["b", "a"] };
         let mut first = named(order[0], pg.rank());
@@ -28,6 +32,49 @@ fn untagged_calls_in_another_order_pair_up_silently_which_is_why_tags_exist() {
         Ok(values(&first)[0])
     });
     assert_eq!(sums, vec![1.0 + 200.0; 2], "untagged, the backend cannot tell a from b");
+}
+
+/// Every rank's error is a Mismatch whose detail names both places.
+fn assert_mismatch_names_both_sites(error: &ddp_workbook::dist::SpawnError) {
+    for rank in 0..2 {
+        match dist_error(error, rank) {
+            DistError::Mismatch { detail, .. } => {
+                let sites = detail.matches(" at tests/dist/tags.rs:").count();
+                assert_eq!(sites, 2, "rank {rank}: the detail must name both calls' places: {detail}");
+            }
+            other => panic!("rank {rank}: expected a Mismatch, got {other}"),
+        }
+    }
+}
+
+#[test]
+fn untagged_same_shaped_calls_from_two_places_in_another_order_are_a_mismatch() {
+    let error = run_err(2, GENEROUS, |pg| {
+        let (mut a, mut b) = (named("a", pg.rank()), named("b", pg.rank()));
+        if pg.rank() == 0 {
+            pg.all_reduce(&mut a, ReduceOp::Sum)?;
+            pg.all_reduce(&mut b, ReduceOp::Sum)?;
+        } else {
+            pg.all_reduce(&mut b, ReduceOp::Sum)?;
+            pg.all_reduce(&mut a, ReduceOp::Sum)?;
+        }
+        Ok(())
+    });
+    assert_mismatch_names_both_sites(&error);
+}
+
+#[test]
+fn a_rank_that_skips_one_untagged_call_is_caught_at_that_call() {
+    let error = run_err(2, GENEROUS, |pg| {
+        let (mut a, mut b) = (named("a", pg.rank()), named("b", pg.rank()));
+        if pg.rank() == 0 {
+            pg.all_reduce(&mut a, ReduceOp::Sum)?; // rank 1 skips this one
+        }
+        pg.all_reduce(&mut b, ReduceOp::Sum)?;
+        Ok(())
+    });
+    assert!(error.to_string().contains("call #0"), "{error}");
+    assert_mismatch_names_both_sites(&error);
 }
 
 #[test]

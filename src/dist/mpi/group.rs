@@ -14,7 +14,7 @@ use super::engine::Command;
 use super::ffi;
 use super::job::{Action, Done, Job, Reply};
 use crate::dist::call::{Call, Op};
-use crate::dist::{current_tag, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
+use crate::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 
 /// What every handle of one process shares: the line to the communication
 /// thread and the settings.
@@ -105,15 +105,11 @@ impl MpiProcessGroup {
 
     /// The next collective's name ("all_reduce(sum) of Float[4] (call #3)")
     /// and, in debug mode, the signature its peers must match.
+    #[track_caller]
     fn name(&self, op: Op, tensor: Option<&Tensor>, always_sign: bool) -> (String, Option<String>) {
         let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
-        let call = Call {
-            op,
-            shape: tensor.map(Tensor::size).unwrap_or_default(),
-            kind: tensor.map(Tensor::kind),
-            tag: current_tag(),
-        };
-        let signature = (self.shared.debug || always_sign).then(|| call.to_string());
+        let call = Call::here(op, tensor.map(Tensor::size).unwrap_or_default(), tensor.map(Tensor::kind));
+        let signature = (self.shared.debug || always_sign).then(|| call.signature());
         (format!("{call} (call #{seq}{})", self.label), signature)
     }
 

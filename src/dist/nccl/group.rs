@@ -14,7 +14,7 @@ use tch::{Device, Kind, Tensor};
 use super::cuda::{self, Event};
 use super::ffi::{self, Comm, IdBytes, State};
 use crate::dist::call::{Call, Op};
-use crate::dist::{current_tag, CommStats, DistError};
+use crate::dist::{CommStats, DistError};
 
 /// What the ranks started together by `spawn_on_gpus` share: the first
 /// rank that failed, so that the others stop waiting for it.
@@ -158,7 +158,7 @@ impl NcclProcessGroup {
         if !self.debug || self.world == 1 {
             return Ok(());
         }
-        let mine = format!("{call}");
+        let mine = call.signature();
         let mut bytes = mine.as_bytes().to_vec();
         bytes.resize(SIGNATURE_BYTES, 0);
         let input = Tensor::from_slice(&bytes).to_device(self.device());
@@ -192,9 +192,9 @@ impl NcclProcessGroup {
         stats.collective_bytes += (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64;
     }
 
+    #[track_caller]
     fn call(&self, op: Op, tensor: &Tensor) -> Call {
-        let shape = tensor.size();
-        Call { op, shape, kind: Some(tensor.kind()), tag: current_tag() }
+        Call::here(op, tensor.size(), Some(tensor.kind()))
     }
 }
 
