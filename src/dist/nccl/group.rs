@@ -39,6 +39,12 @@ struct Inner {
     comm: Mutex<Comm>,
     /// Why the communicator was aborted, once it was.
     broken: Mutex<Option<String>>,
+    /// Calls that failed after they were queued. `ncclCommAbort` returns
+    /// while their kernels may still run (or not have started: the stream
+    /// waits for libtorch's work first), so their tensors must not go back
+    /// to libtorch's caching allocator, which would hand the memory to a new
+    /// tensor. They are kept while the group lives (kept.rs).
+    kept: Mutex<Vec<Pending>>,
     job: Option<Arc<JobWatch>>,
     timeout: Duration,
     rank: usize,
@@ -85,7 +91,8 @@ impl NcclProcessGroup {
                 _ => cause,
             }));
         }
-        let inner = Inner { comm: Mutex::new(comm), broken: Mutex::default(), job, timeout, rank };
+        let (broken, kept) = (Mutex::default(), Mutex::default());
+        let inner = Inner { comm: Mutex::new(comm), broken, kept, job, timeout, rank };
         let (stats, sends) = (Mutex::default(), Mutex::default());
         Ok(NcclProcessGroup { inner: Arc::new(inner), world, ordinal, debug, stats, sends })
     }
@@ -147,7 +154,11 @@ impl NcclProcessGroup {
         drop(comm);
         match queued {
             Ok(done) => Ok(Pending { done, _keep: keep }),
-            Err(cause) => Err(self.inner.fail(op, format!("queueing it failed: {cause}"))),
+            Err(cause) => {
+                let error = self.inner.fail(op, format!("queueing it failed: {cause}"));
+                self.inner.keep_queued(keep); // part of the call may have been queued
+                Err(error)
+            }
         }
     }
     // ANCHOR_END: launch
@@ -215,9 +226,20 @@ impl Inner {
     }
 
     // ANCHOR: finish
-    /// Waits for `pending` to complete on the GPU: its event, the
-    /// communicator's own errors, a peer's failure, and the deadline.
+    /// Waits for `pending` to complete on the GPU. If it fails, the
+    /// communicator is aborted, and the call's tensors are kept: the GPU
+    /// may still run the aborted kernels on them.
     fn finish(&self, op: &str, pending: Pending) -> Result<(), DistError> {
+        let result = self.wait_for(op, &pending);
+        if result.is_err() {
+            self.keep(pending);
+        }
+        result
+    }
+
+    /// The wait: the call's event, the communicator's own errors, a peer's
+    /// failure, and the deadline.
+    fn wait_for(&self, op: &str, pending: &Pending) -> Result<(), DistError> {
         let (started, deadline) = (Instant::now(), Instant::now() + self.timeout);
         // The waiting thread may never have touched this GPU (a Work handed
         // to another thread): event queries need the context current.
@@ -226,7 +248,9 @@ impl Inner {
         }
         loop {
             match pending.done.is_done() {
-                Ok(true) => return Ok(()),
+                // Done, but after an abort (by a call that failed meanwhile)
+                // the kernel may have stopped half-way: no result to trust.
+                Ok(true) => return self.open(op),
                 Ok(false) => {}
                 Err(cause) => return Err(self.fail(op, cause)),
             }
@@ -269,5 +293,7 @@ fn on_gpu(tensor: &Tensor, gpu: Device) -> Result<(Tensor, bool), tch::TchError>
 
 #[path = "collectives.rs"]
 mod collectives;
+#[path = "kept.rs"]
+mod kept;
 #[path = "p2p.rs"]
 mod p2p;

@@ -24,7 +24,9 @@
 //! - every call has a deadline (`DDP_TIMEOUT_SECS`); past it the
 //!   communicator is aborted (`ncclCommAbort`) and the call, and every
 //!   later one, fails naming it. The communicator is non-blocking, so no
-//!   NCCL call can hang the host first;
+//!   NCCL call can hang the host first. The aborted calls' tensors are kept
+//!   until the GPU is past them (`kept.rs`), and a call whose event
+//!   completes after an abort fails too (its kernel may have stopped early);
 //! - ranks started by `spawn_on_gpus` learn at once that a peer failed; under
 //!   `mpirun`, a rank that fails ends the job;
 //! - with `DDP_DEBUG=detail` every collective first all-gathers its
@@ -39,13 +41,15 @@
 //!
 //! Not yet verified on a GPU: see the book's GPU chapter for what ran where.
 //! Files: `group.rs`, `collectives.rs` and `p2p.rs` (the `ProcessGroup`),
-//! `ffi.rs` (NCCL), `cuda.rs` (the CUDA driver). Tests: `cargo test --features nccl --test nccl`.
+//! `kept.rs` (the tensors of failed calls, kept while the GPU may still use
+//! them), `ffi.rs` (NCCL), `cuda.rs` (the CUDA driver). Tests: `cargo test --features nccl --test nccl`.
 
 mod cuda;
 mod ffi;
 mod group;
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tch::{Device, Kind, Tensor};
 
@@ -125,7 +129,19 @@ pub fn bootstrap(over: &dyn ProcessGroup, ordinal: usize) -> Result<NcclProcessG
 /// joined in one NCCL communicator; their results in rank order. NCCL
 /// refuses two ranks on one GPU, so `world` may not exceed the GPU count.
 /// A rank that fails or panics makes the others' pending calls fail at once.
+/// Every call waits at most `DDP_TIMEOUT_SECS` (60 s when unset).
 pub fn spawn_on_gpus<T, F>(world: usize, body: F) -> Result<Vec<T>, String>
+where
+    T: Send,
+    F: Fn(Group) -> anyhow::Result<T> + Sync,
+{
+    available()?; // first: why this machine cannot run NCCL at all
+    spawn_on_gpus_with_timeout(world, timeout_from_env()?, body)
+}
+
+/// [`spawn_on_gpus`], with every call waiting at most `timeout` (which must
+/// not be zero) whatever `DDP_TIMEOUT_SECS` says.
+pub fn spawn_on_gpus_with_timeout<T, F>(world: usize, timeout: Duration, body: F) -> Result<Vec<T>, String>
 where
     T: Send,
     F: Fn(Group) -> anyhow::Result<T> + Sync,
@@ -136,7 +152,10 @@ where
             "asked for {world} ranks on {gpus} GPU(s): NCCL needs one GPU per rank; ask for 1 to {gpus}"
         ));
     }
-    let (timeout, debug) = (timeout_from_env()?, signatures_from_env(false)?);
+    if timeout.is_zero() {
+        return Err("a timeout of zero would fail every call: give a positive duration".into());
+    }
+    let debug = signatures_from_env(false)?;
     let id = UniqueId::new()?;
     let job = Arc::new(JobWatch::default());
     let failures = Mutex::new(Vec::new());
