@@ -14,10 +14,12 @@
 //! final report. The loop itself is `ddp_workbook::train` (src/train/).
 //! Exit status: 0 when a finished run reached --target-accuracy on the
 //! held-out set (or was stopped early on purpose by --stop-after), 1 when it
-//! did not, 2 for bad flags or a failed run.
+//! did not, 2 for bad flags or a failed run (the replicas ending in different
+//! states included: the last line before the verdict says they did not).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use clap::Parser;
@@ -206,10 +208,27 @@ fn report(bar: &ProgressBar, event: Event) {
 }
 // ANCHOR_END: on_event
 
+/// Set while the ranks run. `spawn`, `spawn_on_gpus` and `dist::mpi::run`
+/// catch a rank's panic and report it in the run's error, printed once; a
+/// line per rank before it would only repeat it (running out of memory, every
+/// rank panics in libtorch's allocator at once).
+static RANKS_RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// Runs `ranks` (which starts the ranks and returns when they are done)
+/// with the panic hook silent.
+fn while_ranks_run<T>(ranks: impl FnOnce() -> T) -> T {
+    RANKS_RUNNING.store(true, Ordering::SeqCst);
+    let result = ranks();
+    RANKS_RUNNING.store(false, Ordering::SeqCst);
+    result
+}
+
 fn main() -> ExitCode {
-    // A rank that panics reports once, in one line; the run's error below
-    // says what happened and what to do (no stack per rank thread).
+    // A panic outside the ranks reports once, in one line (no stack).
     std::panic::set_hook(Box::new(|info| {
+        if RANKS_RUNNING.load(Ordering::SeqCst) {
+            return;
+        }
         let thread = std::thread::current();
         let message = info
             .payload()
@@ -256,8 +275,8 @@ fn main() -> ExitCode {
     let outcomes = match (args.backend, launched) {
         (Backend::Mpi, _) => return as_process(&config, &bar, started, args.target_accuracy, false),
         (Backend::Nccl, true) => return as_process(&config, &bar, started, args.target_accuracy, true),
-        (Backend::Nccl, false) => on_gpus(&config, &bar),
-        (Backend::InProcess, _) => train::train(&config, &|event| report(&bar, event)),
+        (Backend::Nccl, false) => while_ranks_run(|| on_gpus(&config, &bar)),
+        (Backend::InProcess, _) => while_ranks_run(|| train::train(&config, &|event| report(&bar, event))),
     };
     bar.finish_and_clear();
     match outcomes {
@@ -270,7 +289,7 @@ fn main() -> ExitCode {
 }
 
 // ANCHOR: summary
-/// The final lines: speed, communication share, and the verdict.
+/// The final lines: speed, communication share, the replicas' agreement, and the verdict.
 fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f64, target: f64) -> ExitCode {
     let rank0 = &outcomes[0];
     let sync_shares: Vec<String> = outcomes
@@ -287,6 +306,12 @@ fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f64, 
         config.world_size,
         rank0.tokens_per_second,
         sync_shares.join(", "),
+    );
+    // The run compared every rank's final state before it returned (it fails otherwise).
+    println!(
+        "replicas: bitwise equal on all {} rank(s), fingerprint {:#018x} (the final checkpoint's checksum: \
+         weights, optimizer state, progress, settings)",
+        config.world_size, rank0.fingerprint
     );
     let eval = rank0.evaluation.expect("rank 0 evaluates");
     if rank0.last_step < config.steps {

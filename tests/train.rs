@@ -1,17 +1,22 @@
 //! Tests of the real training run (`src/train/`): the hand-written AdamW
 //! against libtorch's, exact resume from a checkpoint (with controls that
-//! show what breaks it), the checkpoint file itself, bad settings, and that
-//! a short run learns. Run: `cargo test --test train`
+//! show what breaks it), the checkpoint file itself, bad settings, that a
+//! short run learns, and that a run whose gradients are never averaged
+//! fails its end-of-run replica check. Run: `cargo test --test train`
 //! (add `-- --nocapture` to see the measured numbers).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ddp_workbook::check::{compare_replicas, max_reference_diff, snapshot};
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
+use ddp_workbook::dist::{self, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
 use ddp_workbook::tch::{Kind, Tensor};
-use ddp_workbook::train::{self, checkpoint, AdamW, CheckpointError, ConfigError, RankOutcome, TrainConfig};
+use ddp_workbook::train::{
+    self, checkpoint, AdamW, CheckpointError, ConfigError, RankOutcome, ReplicasDiffer, TrainConfig,
+};
 
 /// A run small enough for a debug build: 2 ranks, micro-batches of 4, 2 of
 /// them per step, and 40 sequences, so every rank's shard (20) lasts 2.5
@@ -300,4 +305,84 @@ fn a_short_run_learns() {
     println!("rank 0's loss: {first:.3} at step 1, {last:.3} over the last 5 steps");
     // ln(16) = 2.77 at the start; the chance level of the task is ln(15) = 2.71.
     assert!(last < first - 0.5, "the loss should fall by more than 0.5 in 40 steps: {first:.3} -> {last:.3}");
+}
+
+/// A process group whose all-reduces leave every tensor as it is: a DDP on
+/// it never averages a gradient. Everything else goes to the real group.
+struct AllReducesDoNothing(Group);
+
+impl ProcessGroup for AllReducesDoNothing {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn backend(&self) -> &'static str {
+        "all-reduces-do-nothing"
+    }
+    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
+        self.0.broadcast(tensor, root)
+    }
+    fn all_reduce_async(&self, _tensor: &Tensor, _op: ReduceOp) -> Result<Work, DistError> {
+        Ok(Work::new(|| Ok(())))
+    }
+    fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
+        self.0.all_gather(tensor)
+    }
+    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        self.0.reduce_scatter(tensor, op)
+    }
+    fn barrier(&self) -> Result<(), DistError> {
+        self.0.barrier()
+    }
+    fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
+        self.0.send(tensor, dst)
+    }
+    fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
+        self.0.recv(tensor, src)
+    }
+    fn stats(&self) -> CommStats {
+        self.0.stats()
+    }
+}
+
+#[test]
+fn a_run_whose_gradients_are_never_averaged_fails_its_replica_check() {
+    // Each rank trains on its own shard and keeps its own gradients: rank 0
+    // alone would still learn, so only comparing the replicas can tell.
+    let config = TrainConfig { steps: 4, ..small_run(None) };
+    let run = dist::spawn(2, |pg| {
+        let unsynced: Group = Arc::new(AllReducesDoNothing(pg));
+        train::train_rank(unsynced, &config, &|_| {})
+    });
+    let error = match run {
+        Ok(outcomes) => panic!(
+            "a run without gradient averaging finished without an error (fingerprints {:#x} and {:#x})",
+            outcomes[0].fingerprint, outcomes[1].fingerprint
+        ),
+        Err(error) => error,
+    };
+    for rank in 0..2 {
+        let failure = error.failure_of(rank).unwrap_or_else(|| panic!("rank {rank} did not fail: {error}"));
+        let dist::RankFailure::Error(cause) = failure else { panic!("rank {rank} panicked: {failure}") };
+        let differ =
+            cause.downcast_ref::<ReplicasDiffer>().unwrap_or_else(|| panic!("rank {rank}: {cause:#}"));
+        assert_eq!((differ.step, differ.fingerprints.len()), (4, 2), "{differ}");
+        println!("rank {rank}: {differ}");
+    }
+}
+
+#[test]
+fn every_rank_reports_the_fingerprint_of_the_final_checkpoint() {
+    // The run's check passes, and what it compared is what rank 0 saved.
+    let dir = scratch("fingerprint");
+    let path = dir.join("run.safetensors");
+    let outcome = run(&TrainConfig { steps: 3, ..small_run(Some(path.clone())) });
+    let saved = checkpoint::load(&path).expect("the run saved a checkpoint");
+    let in_the_file = checkpoint::fingerprint(&saved);
+    for (rank, outcome) in outcome.iter().enumerate() {
+        assert_eq!(outcome.fingerprint, in_the_file, "rank {rank}'s fingerprint is not the checkpoint's");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

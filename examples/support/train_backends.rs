@@ -48,13 +48,15 @@ pub fn as_process(
     target: f64,
     gpu: bool,
 ) -> ExitCode {
-    let (rank, world_size, outcome) = dist::mpi::run(|pg| {
-        let on_event = |event: train::Event<'_>| report(bar, event);
-        let outcome = match gpu {
-            false => train::train_as_process(pg.clone(), config, &on_event)?,
-            true => on_gpu(&pg, config, &on_event)?,
-        };
-        Ok((pg.rank(), pg.world_size(), outcome))
+    let (rank, world_size, outcome) = super::while_ranks_run(|| {
+        dist::mpi::run(|pg| {
+            let on_event = |event: train::Event<'_>| report(bar, event);
+            let outcome = match gpu {
+                false => train::train_as_process(pg.clone(), config, &on_event)?,
+                true => on_gpu(&pg, config, &on_event)?,
+            };
+            Ok((pg.rank(), pg.world_size(), outcome))
+        })
     });
     bar.finish_and_clear();
     if rank != 0 {

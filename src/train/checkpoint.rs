@@ -102,15 +102,21 @@ fn fallback_advice(path: &Path) -> String {
 }
 
 /// A libtorch or safetensors error in one line of words: libtorch appends
-/// its C++ stack, and safetensors names its error kinds in code.
+/// its C++ stack, and safetensors names its error kinds in code. tch puts
+/// the file's path before a safetensors error; the message names it already.
 fn one_line(error: &TchError) -> String {
-    crate::dist::cause_in_words(&error.to_string())
+    match error {
+        TchError::SafeTensorError { err, .. } => crate::dist::cause_in_words(&err.to_string()),
+        other => crate::dist::cause_in_words(&other.to_string()),
+    }
 }
 
-pub use super::saving::{check_writable, leftover_temporaries, previous_path, save, temporary_path};
+pub use super::saving::{
+    check_writable, leftover_temporaries, previous_path, save, save_step_by_step, temporary_path, SaveStep,
+};
 
 /// The tensors of `checkpoint` under their file names, without the checksum.
-pub(super) fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
+fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (name, tensor) in &checkpoint.model {
         tensors.push((format!("model.{name}"), tensor.detach().contiguous()));
@@ -130,6 +136,21 @@ pub(super) fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
         tensors.push((format!("run.{name}"), value));
     }
     tensors
+}
+
+/// The tensors a checkpoint file of `checkpoint` holds, on the CPU (a copy
+/// of what lives on a GPU), without the checksum.
+pub(super) fn contents(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
+    let on_cpu = |(name, t): (String, Tensor)| (name, t.to_device(tch::Device::Cpu));
+    entries(checkpoint).into_iter().map(on_cpu).collect()
+}
+
+/// The checksum that a checkpoint file of `checkpoint` stores
+/// (`train.checksum`): a fingerprint of the weights, the optimizer state,
+/// the progress and the settings. Two runs whose final checkpoints have the
+/// same fingerprint ended in the same state, to the last bit.
+pub fn fingerprint(checkpoint: &Checkpoint) -> i64 {
+    checksum(&contents(checkpoint))
 }
 
 /// FNV-1a, 64 bits, over every tensor's name, dtype, shape and bytes, in

@@ -10,12 +10,12 @@
 //! - `run.rs`: what every rank does, step by step ([`train_rank`]);
 //! - `optim.rs`: AdamW with its state in named tensors, so it can be saved;
 //! - `checkpoint.rs`: the checkpoint file and how it is read;
-//! - `saving.rs`: how it is written: checked first, atomically, the previous one kept.
+//! - `saving.rs`: how it is written: checked first, atomically, the previous one kept;
+//! - `outcome.rs`: what rank 0 reports while it trains, what every rank returns;
+//! - `replicas.rs`: the last check, that every rank ended in the same state;
+//! - `phases.rs`: where the steps spend their time.
 
 use std::path::PathBuf;
-use std::time::Duration;
-
-use tch::Tensor;
 
 use crate::dist::{spawn, SpawnError};
 
@@ -23,14 +23,20 @@ pub mod checkpoint;
 #[cfg(feature = "nccl")]
 mod gpu;
 pub mod optim;
+mod outcome;
+mod phases;
+mod replicas;
 mod run;
 mod saving;
 
-pub use checkpoint::{Checkpoint, CheckpointError, Progress, Setting};
+pub use checkpoint::{Checkpoint, CheckpointError, Progress, SaveStep, Setting};
 #[cfg(feature = "nccl")]
 pub use gpu::{train_as_gpu_process, train_on_gpus};
 pub use optim::AdamW;
-pub use run::{evaluate, lr_at, train_rank, StepPhases};
+pub use outcome::{Evaluation, Event, RankOutcome};
+pub use phases::StepPhases;
+pub use replicas::{check_replicas_agree, ReplicasDiffer};
+pub use run::{evaluate, lr_at, train_rank};
 
 // ANCHOR: config
 /// Everything that defines a training run. `TrainConfig::default()` is the
@@ -216,64 +222,6 @@ impl TrainConfig {
             int("threads_per_rank", self.threads_per_rank.unwrap_or(0)),
         ]
     }
-}
-
-/// What rank 0 reports while it trains; the other ranks report nothing.
-#[derive(Debug)]
-pub enum Event<'a> {
-    /// Training starts (or resumes) at `first_step`, for steps up to `last_step`.
-    Started {
-        first_step: usize,
-        last_step: usize,
-        parameters: i64,
-        buckets: usize,
-        config: &'a TrainConfig,
-    },
-    /// Optimizer step `step` (counted from 1) is done.
-    Stepped {
-        step: usize,
-    },
-    /// The global batch's mean loss and accuracy at `step`, and the speed since the last log.
-    Logged {
-        step: usize,
-        loss: f64,
-        accuracy: f64,
-        lr: f64,
-        tokens_per_second: f64,
-    },
-    Checkpointed {
-        step: usize,
-        path: &'a std::path::Path,
-    },
-}
-
-/// How the held-out set fares: mean masked loss and accuracy.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Evaluation {
-    pub loss: f64,
-    pub accuracy: f64,
-}
-
-/// What one rank returns when the run ends.
-#[derive(Debug)]
-pub struct RankOutcome {
-    pub rank: usize,
-    /// The step reached (== steps unless `stop_after` interrupted the run).
-    pub last_step: usize,
-    /// This rank's loss (mean over its micro-batches) at each step it ran.
-    pub losses: Vec<f64>,
-    /// The trained parameters and buffers, detached copies, by `VarStore` name.
-    pub weights: Vec<(String, Tensor)>,
-    /// Rank 0 only: the model on the held-out set after the last step.
-    pub evaluation: Option<Evaluation>,
-    /// Time in the training steps (checkpoints and evaluation not counted),
-    /// and the part of it spent in gradient syncs (chapter 7's clock).
-    pub train_time: Duration,
-    pub sync_time: Duration,
-    /// Input tokens of all ranks per second of `train_time`.
-    pub tokens_per_second: f64,
-    /// `train_time` split into the phases of a step.
-    pub phases: StepPhases,
 }
 
 // ANCHOR: train

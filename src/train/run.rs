@@ -11,6 +11,8 @@ use tch::{Kind, Tensor};
 
 use super::checkpoint::{self, Checkpoint, CheckpointError, Progress};
 use super::optim::AdamW;
+use super::phases::{Lap, StepPhases};
+use super::replicas::check_replicas_agree;
 use super::{Evaluation, Event, RankOutcome, TrainConfig};
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
@@ -201,6 +203,15 @@ pub fn train_rank(
         }
         // ANCHOR_END: rank0
     }
+    // The proof that DDP kept the replicas equal: rank 0's final checkpoint,
+    // fingerprinted on every rank, must be the same everywhere.
+    let final_state = Checkpoint {
+        model: model_tensors(&vs),
+        optimizer: optimizer.state(),
+        progress,
+        settings: config.settings(),
+    };
+    let fingerprint = check_replicas_agree(pg.as_ref(), checkpoint::fingerprint(&final_state), last_step)?;
     let sync_time = ddp.sync_time();
     phases.sync = sync_time;
     phases.backward = phases.backward.saturating_sub(sync_time);
@@ -217,39 +228,10 @@ pub fn train_rank(
         sync_time,
         tokens_per_second,
         phases,
+        fingerprint,
     })
 }
 // ANCHOR_END: train_rank
-
-/// Where one rank's training steps spent their time, summed over the steps.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct StepPhases {
-    /// Looking up and cutting the micro-batches.
-    pub data: Duration,
-    /// The forward pass and the loss.
-    pub forward: Duration,
-    /// The backward pass, without the gradient sync.
-    pub backward: Duration,
-    /// The gradient sync (the wrapper's `sync_time`: communication and waiting).
-    pub sync: Duration,
-    pub optimizer: Duration,
-}
-
-/// The time since the last lap.
-struct Lap(Instant);
-
-impl Lap {
-    fn from(start: Instant) -> Lap {
-        Lap(start)
-    }
-
-    fn next(&mut self) -> Duration {
-        let now = Instant::now();
-        let since = now - self.0;
-        self.0 = now;
-        since
-    }
-}
 
 /// The model's parameters, then its buffers: what a checkpoint saves of
 /// it, on the CPU (a copy when the model is on a GPU; the same tensors

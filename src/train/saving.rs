@@ -1,9 +1,12 @@
 //! Writing checkpoints so that no work is lost: the path is checked before
 //! training starts, every write goes to a temporary file of its own and is
 //! renamed into place, and the checkpoint it replaces is kept as
-//! `<path>.prev`, the fallback when the newest one turns out damaged.
+//! `<path>.prev`, the fallback when the newest one turns out damaged. A
+//! save killed at any step leaves a whole checkpoint to resume from, and
+//! the next save removes the temporary files it left.
 //!
-//! Tested by `cargo test --test train`.
+//! Tested by `cargo test --test train` and `cargo test --test train_failures`
+//! (which kills a save after each of its steps).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -11,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tch::Tensor;
 
-use super::checkpoint::{checksum, entries, Checkpoint, CheckpointError};
+use super::checkpoint::{checksum, contents, Checkpoint, CheckpointError};
 
 /// `<path><suffix>`, next to `path`.
 fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
@@ -74,52 +77,143 @@ pub fn check_writable(path: &Path) -> Result<(), CheckpointError> {
 }
 
 // ANCHOR: save
+/// The steps of [`save`], in order. A kill after any of them leaves
+/// `<path>` whole: the checkpoint before this save, or this save's; the
+/// next save removes whatever else it left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveStep {
+    /// The temporary file exists, empty, locked by this save while it runs
+    /// (a kill while writing leaves it so, or half written).
+    Started,
+    /// The new checkpoint is in the temporary file, flushed to disk.
+    Written,
+    /// The current checkpoint has a second, temporary name (a hard link, or
+    /// a copy where links are not possible).
+    PreviousLinked,
+    /// That name became `<path>.prev`.
+    PreviousKept,
+    /// The temporary file was renamed over `<path>`.
+    Replaced,
+    /// The temporary files of interrupted saves are removed, and the
+    /// folder's list of entries is flushed to disk.
+    Finished,
+}
+
+impl SaveStep {
+    /// Every step, in the order `save` takes them.
+    pub const ALL: [SaveStep; 6] = [
+        SaveStep::Started,
+        SaveStep::Written,
+        SaveStep::PreviousLinked,
+        SaveStep::PreviousKept,
+        SaveStep::Replaced,
+        SaveStep::Finished,
+    ];
+}
+
 /// Writes `checkpoint` to `path` atomically: to a temporary file of its own
 /// first, flushed to disk, then renamed over `path`. A crash at any moment
 /// leaves either the previous checkpoint or the new one, never half a file.
-/// The checkpoint it replaces stays as [`previous_path`].
+/// The checkpoint it replaces stays as [`previous_path`]. What an earlier,
+/// killed save left behind is removed, so that after a save the folder
+/// holds `path` and [`previous_path`] and nothing else of this checkpoint.
 pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+    save_step_by_step(path, checkpoint, &mut |_| {})
+}
+
+/// [`save`], calling `after` when each [`SaveStep`] is done: the tests kill
+/// a process there to prove that a save interrupted anywhere loses nothing.
+pub fn save_step_by_step(
+    path: &Path,
+    checkpoint: &Checkpoint,
+    after: &mut dyn FnMut(SaveStep),
+) -> Result<(), CheckpointError> {
     let fail = |detail: String| CheckpointError::Write { path: path.to_path_buf(), detail };
-    // Optimizer state on a GPU is written from a CPU copy.
-    let on_cpu = |(name, t): (String, Tensor)| (name, t.to_device(tch::Device::Cpu));
-    let mut tensors: Vec<(String, Tensor)> = entries(checkpoint).into_iter().map(on_cpu).collect();
+    let mut tensors = contents(checkpoint); // on the CPU: a GPU's optimizer state is copied
     tensors.push(("train.checksum".to_string(), Tensor::from_slice(&[checksum(&tensors)])));
     let tmp = temporary_path(path);
-    let written = Tensor::write_safetensors(&tensors, &tmp)
-        .map_err(|e| format!("writing {}: {e}", tmp.display()))
-        // fsync: the bytes must be on disk before the rename makes them "the" checkpoint.
-        .and_then(|()| {
-            File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| format!("flushing {}: {e}", tmp.display()))
-        });
-    if let Err(detail) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(fail(detail));
-    }
-    if path.is_file() {
-        // The current checkpoint becomes the fallback: a hard link (no copy),
-        // renamed into place so that `.prev` too is always whole.
-        let previous_tmp = temporary_path(path);
-        let kept = std::fs::hard_link(path, &previous_tmp)
-            .or_else(|_| std::fs::copy(path, &previous_tmp).map(|_| ()))
-            .and_then(|()| std::fs::rename(&previous_tmp, previous_path(path)));
-        if let Err(e) = kept {
-            let _ = std::fs::remove_file(&previous_tmp);
+    let _locked = match write_locked(&tmp, &tensors, after) {
+        Ok(file) => file, // stays locked until the save returns
+        Err(detail) => {
             let _ = std::fs::remove_file(&tmp);
-            return Err(fail(format!(
-                "keeping the previous checkpoint as {}: {e}",
-                previous_path(path).display()
-            )));
+            return Err(fail(detail));
+        }
+    };
+    after(SaveStep::Written);
+    if path.is_file() {
+        let kept = keep_as_previous(path, after);
+        if let Err(detail) = kept {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(fail(detail));
         }
     }
     std::fs::rename(&tmp, path).map_err(|e| fail(format!("renaming {} to it: {e}", tmp.display())))?;
+    after(SaveStep::Replaced);
+    remove_leftovers(path);
     // And the renames themselves: flush the folder's entry list (best effort,
     // not every platform lets a folder be opened as a file).
     let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if let Ok(dir) = File::open(folder) {
         let _ = dir.sync_all();
     }
+    after(SaveStep::Finished);
     Ok(())
+}
+
+/// Writes `tensors` to `tmp` and flushes them to disk. Returns the file,
+/// locked until it is dropped: the lock says "a save is writing this", so
+/// other saves leave it alone, and it ends with this process, however that
+/// ends.
+fn write_locked(
+    tmp: &Path,
+    tensors: &[(String, Tensor)],
+    after: &mut dyn FnMut(SaveStep),
+) -> Result<File, String> {
+    let file = File::create(tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    let _ = file.lock(); // a file system without locks: see `remove_leftovers`
+    after(SaveStep::Started);
+    // Written through its name: the same file, which stays locked.
+    Tensor::write_safetensors(tensors, tmp).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+    // fsync: the bytes must be on disk before the rename makes them "the" checkpoint.
+    file.sync_all().map_err(|e| format!("flushing {}: {e}", tmp.display()))?;
+    Ok(file)
+}
+
+/// Makes the current checkpoint the fallback, `.prev`: a second name for
+/// it (a hard link, no copy) renamed into place, so that `.prev` too is
+/// always whole.
+fn keep_as_previous(path: &Path, after: &mut dyn FnMut(SaveStep)) -> Result<(), String> {
+    let previous = previous_path(path);
+    let fail = |e: std::io::Error| format!("keeping the previous checkpoint as {}: {e}", previous.display());
+    let second_name = temporary_path(path);
+    let linked = std::fs::hard_link(path, &second_name)
+        .or_else(|_| std::fs::copy(path, &second_name).map(|_| ()))
+        .map_err(fail);
+    linked.inspect(|()| after(SaveStep::PreviousLinked))?;
+    if let Err(e) = std::fs::rename(&second_name, &previous) {
+        let _ = std::fs::remove_file(&second_name);
+        return Err(fail(e));
+    }
+    // A save killed between its two renames left `.prev` as a second name
+    // of the checkpoint itself. A rename onto another name of the same file
+    // does nothing, and leaves the temporary name: remove it.
+    if second_name.exists() {
+        std::fs::remove_file(&second_name).map_err(fail)?;
+    }
+    after(SaveStep::PreviousKept);
+    Ok(())
+}
+
+/// Removes the temporary files of `path` that no running save holds: what
+/// saves killed before their end left. A save still running (another run
+/// on the same path) holds its file locked. Where the file system has no
+/// locks, nothing can be told apart and the files stay.
+fn remove_leftovers(path: &Path) {
+    for leftover in leftover_temporaries(path) {
+        let Ok(file) = File::open(&leftover) else { continue }; // gone already
+        if file.try_lock().is_ok() {
+            let _ = std::fs::remove_file(&leftover);
+        }
+    }
 }
 // ANCHOR_END: save
