@@ -1,8 +1,10 @@
-//! tests/mpi/training.rs: the training run on 2 processes, killed with
-//! SIGKILL after a checkpoint and resumed, ends bitwise where an
-//! uninterrupted run ends (its final checkpoint file, byte for byte).
-//! Reaching the accuracy target is the runner's `mpi` check: the full run
-//! of examples/train.rs under scripts/launch.sh.
+//! tests/mpi/training.rs: the training run on 2 processes ends with the
+//! same final checkpoint file, byte for byte, as the same run on 2 rank
+//! threads (the in-process backend); killed with SIGKILL after a checkpoint
+//! and resumed, it runs only the steps after that checkpoint and ends
+//! bitwise where the uninterrupted run ends. Reaching the accuracy target
+//! is the runner's `mpi` check: the full run of examples/train.rs under
+//! scripts/launch.sh.
 
 use std::path::PathBuf;
 
@@ -40,7 +42,7 @@ fn rank_of_a_job(pg: ddp_workbook::dist::Group) -> anyhow::Result<()> {
     let kill_at: Option<usize> = var(KILL_AT_STEP).map(|s| s.parse().expect("a step"));
     let config = config(checkpoint, var(RESUME).is_some());
     let rank = pg.rank();
-    train::train_as_process(pg, &config, &|event| {
+    let outcome = train::train_as_process(pg, &config, &|event| {
         if let (Event::Checkpointed { step, .. }, Some(at)) = (event, kill_at) {
             if step == at && rank == 0 {
                 let pid = std::process::id().to_string();
@@ -49,18 +51,50 @@ fn rank_of_a_job(pg: ddp_workbook::dist::Group) -> anyhow::Result<()> {
             }
         }
     })?;
+    // What the test reads to tell a resume from a fresh start (which, the
+    // run being deterministic, would end with the same bytes).
+    let first = outcome.last_step + 1 - outcome.losses.len();
+    println!("{}", ran_steps(rank, first, outcome.last_step));
     Ok(())
 }
 
+/// The line each rank prints when its run ends.
+fn ran_steps(rank: usize, first: usize, last: usize) -> String {
+    format!("rank {rank} ran steps {first} to {last}")
+}
+
+/// Panics unless both ranks of `job` say they ran steps `first` to `last`.
+fn assert_ran_steps(job: &crate::harness::Job, what: &str, first: usize, last: usize) {
+    for rank in 0..2 {
+        let line = ran_steps(rank, first, last);
+        assert!(job.output.contains(&line), "{what}: no line \"{line}\" in its output:\n{}", job.output);
+    }
+}
+
 #[test]
-fn a_killed_run_resumes_bitwise_on_2_processes() {
-    let name = "training::a_killed_run_resumes_bitwise_on_2_processes";
+fn the_run_on_2_processes_equals_the_in_process_run_and_resumes_after_a_kill() {
+    let name = "training::the_run_on_2_processes_equals_the_in_process_run_and_resumes_after_a_kill";
     let dir = std::env::temp_dir().join(format!("ddp-mpi-resume-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary folder");
     let (whole, cut) = (dir.join("whole.safetensors"), dir.join("cut.safetensors"));
     let (whole_path, cut_path) = (whole.to_string_lossy().into_owned(), cut.to_string_lossy().into_owned());
     let Some(first) = launch(2, name, &[(CHECKPOINT, &whole_path)], rank_of_a_job) else { return };
     assert!(first.success, "the uninterrupted run failed:\n{}", first.output);
+    assert_ran_steps(&first, "the uninterrupted run", 1, STEPS);
+
+    // The same run on 2 rank threads of this process (the in-process
+    // backend) ends with the same file: MPI changed nothing but the transport.
+    let threads = dir.join("threads.safetensors");
+    train::train(&config(threads.clone(), false), &|_| {}).expect("the in-process run trains");
+    let (on_processes, on_threads) =
+        (std::fs::read(&whole).expect("a checkpoint"), std::fs::read(&threads).expect("a checkpoint"));
+    assert!(
+        on_processes == on_threads,
+        "the final checkpoint of the run on 2 MPI processes differs from the in-process run's ({} vs {} bytes)",
+        on_processes.len(),
+        on_threads.len()
+    );
+
     let killed =
         launch(2, name, &[(CHECKPOINT, &cut_path), (KILL_AT_STEP, "8")], rank_of_a_job).expect("runner");
     assert!(
@@ -71,6 +105,7 @@ fn a_killed_run_resumes_bitwise_on_2_processes() {
     assert!(cut.exists(), "the killed run wrote no checkpoint before it died");
     let resumed = launch(2, name, &[(CHECKPOINT, &cut_path), (RESUME, "1")], rank_of_a_job).expect("runner");
     assert!(resumed.success, "the resumed run failed:\n{}", resumed.output);
+    assert_ran_steps(&resumed, "the resumed run (killed after step 8's checkpoint)", 9, STEPS);
     let (a, b) = (
         std::fs::read(&whole).expect("the whole run's checkpoint"),
         std::fs::read(&cut).expect("the resumed run's checkpoint"),
