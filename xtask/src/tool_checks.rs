@@ -1,5 +1,6 @@
 //! xtask/src/tool_checks.rs: the checks that run an outside tool and read its
-//! exit status or closing line: fmt, book (mdBook), notebooks, clippy, train.
+//! exit status or closing line: fmt, book (mdBook), notebooks, clippy; and,
+//! in `tool_checks/training.rs`, train and mpi (the training runs).
 //! Run one: `cargo xtask test --only clippy`.
 
 use std::path::PathBuf;
@@ -10,6 +11,9 @@ use crate::process::{self, describe_limit, run_logged, Captured};
 use crate::report::{Outcome, Report};
 use crate::test_checks::CHAPTER_LIMIT;
 use crate::Context;
+
+mod training;
+pub use training::{replicas_fingerprint, train, train_mpi};
 
 /// In CI, the longest the notebooks may take, all of them together.
 const NOTEBOOKS_LIMIT: Duration = Duration::from_secs(30 * 60);
@@ -236,60 +240,4 @@ fn print_lints(output: &str, max_lines: usize) {
         }
     }
     shown.iter().take(max_lines).for_each(|line| println!("{line}"));
-}
-
-pub fn train(ctx: &Context, report: &mut Report) {
-    report
-        .section("cargo run --release --features mpi,nccl --example train: the real run reaches its target");
-    // The default run trains the tiny GPT on 2 ranks and exits 0 only when
-    // its held-out accuracy reaches the stated target (its last line says
-    // PASS). Its numbers are the same on every run; only the wall time varies.
-    // With the `mpi` feature, so that the `mpi` check reuses this build.
-    let mut command = ctx.cargo();
-    command.args(["run", "--release", "--features", "mpi,nccl", "--example", "train"]);
-    training_run(ctx, report, "train", command, "the default training run");
-}
-
-pub fn train_mpi(ctx: &Context, report: &mut Report) {
-    report.section(
-        "scripts/launch.sh -np 2 target/release/examples/train --backend mpi: 2 processes reach the target",
-    );
-    // The README's launch command: the same run as `train`, as two
-    // processes that mpirun starts and the MPI backend connects.
-    let mut build = ctx.cargo();
-    build.args(["build", "--release", "--features", "mpi,nccl", "--example", "train"]);
-    let limit = ctx.limit(CHAPTER_LIMIT);
-    let Some(built) = run_or_fail(report, "mpi", build, limit, ctx.log("mpi-build.log"), false) else {
-        return;
-    };
-    if !built.finished.success() {
-        process::print_last_lines(&built.output, 20);
-        return report.check("mpi", Outcome::Fail, "the build failed (target/test-logs/mpi-build.log)");
-    }
-    let mut command = Command::new("bash");
-    let launch = ["scripts/launch.sh", "-np", "2", "target/release/examples/train", "--backend", "mpi"];
-    command.current_dir(&ctx.root).args(launch);
-    training_run(ctx, report, "mpi", command, "the training run on 2 MPI processes");
-}
-
-/// Runs a training command and reports check `name`: its PASS line, or why
-/// it failed (`what` names the run in the message), its log in `NAME.log`.
-fn training_run(ctx: &Context, report: &mut Report, name: &str, command: Command, what: &str) {
-    let log = format!("{name}.log");
-    let limit = ctx.limit(CHAPTER_LIMIT);
-    let Some(captured) = run_or_fail(report, name, command, limit, ctx.log(&log), false) else {
-        return;
-    };
-    if captured.finished.success() {
-        let verdict = captured.output.lines().rev().find(|line| line.starts_with("PASS")).unwrap_or("");
-        report.check(name, Outcome::Ok, verdict);
-    } else {
-        process::print_last_lines(&captured.output, 30);
-        let detail = if captured.finished.timed_out {
-            format!("stopped after {}: {what} hangs", describe_limit(CHAPTER_LIMIT))
-        } else {
-            format!("{what} missed its target or failed (target/test-logs/{log})")
-        };
-        report.check(name, Outcome::Fail, &detail);
-    }
 }
