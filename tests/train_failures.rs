@@ -201,6 +201,9 @@ fn example_binary() -> PathBuf {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let mut build = Command::new(cargo);
             build.args(["build", "--example", "train", "--features", &features.join(",")]);
+            // The suite's runner sets it for test binaries only; cargo tracks
+            // it, and would rebuild every crate with it.
+            build.env_remove("RUSTC_BOOTSTRAP");
             if !cfg!(debug_assertions) {
                 build.arg("--release");
             }
