@@ -6,11 +6,14 @@
 //! Your code:           `cargo test --test chapter_02`
 //! The reference code:  `cargo test --features solutions --test chapter_02`
 //! See the messages:    add `-- --nocapture`
-//! `chapter_02/several_ranks.rs`: several ranks that differ at once.
+//! `chapter_02/several_ranks.rs`: several ranks that differ at once;
+//! `chapter_02/controls.rs`: the control, which never runs your code.
 
 mod common;
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
+#[path = "chapter_02/controls.rs"]
+mod controls;
 #[path = "chapter_02/several_ranks.rs"]
 mod several_ranks;
 
@@ -284,19 +287,4 @@ fn a_single_rank_passes_trivially() {
         Ok(wrap(&vs, mlp, pg).map(|e| e.to_string()))
     });
     assert_eq!(ok[0], None, "one rank always agrees with itself");
-}
-
-#[test]
-fn negative_control_without_the_check_different_seeds_really_differ() {
-    // Nobody calls replicate() here: this shows what the check protects against.
-    let (per_rank, _) = run(2, |pg| {
-        let (vs, _mlp) = Mlp::seeded(SEED + pg.rank() as i64, SIZES, Kind::Double);
-        Ok(all_tensors(&vs))
-    });
-    let report = compare_replicas(&per_rank, 0.0).expect_err("two seeds built the same model?");
-    println!("without the check:\n{report}");
-    assert!(report.largest_difference() > 0.01, "{report}");
-    // Same seed: bitwise equal, so the difference above comes from the seed alone.
-    let (per_rank, _) = run(2, |_| Ok(all_tensors(&Mlp::seeded(SEED, SIZES, Kind::Double).0)));
-    compare_replicas(&per_rank, 0.0).unwrap_or_else(|report| panic!("{report}"));
 }

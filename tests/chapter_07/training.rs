@@ -254,3 +254,29 @@ fn the_whole_loop_on_2_and_3_ranks_equals_one_process_on_the_global_batch() {
         }
     }
 }
+
+#[test]
+fn negative_control_without_set_epoch_every_epoch_repeats_the_same_order() {
+    let with = train_ddp(2, Sharding::Sampler);
+    let without = train_ddp(2, Sharding::NoSetEpoch);
+    for rank in 0..2 {
+        assert_ne!(with[rank].seen[0], with[rank].seen[1], "rank {rank}: with set_epoch the epochs differ");
+        assert_eq!(
+            without[rank].seen[0], without[rank].seen[1],
+            "rank {rank}: without set_epoch they repeat"
+        );
+    }
+    // The first epoch is the same either way; the second is not.
+    let per_epoch = STEPS_PER_EPOCH;
+    let first = max_reference_diff(
+        &with[0].after_each_step[per_epoch - 1],
+        &without[0].after_each_step[per_epoch - 1],
+    );
+    let last = max_reference_diff(
+        &with[0].after_each_step[2 * per_epoch - 1],
+        &without[0].after_each_step[2 * per_epoch - 1],
+    );
+    println!("without set_epoch: {first:e} apart after epoch 0, {last:e} after epoch 1");
+    assert_eq!(first, 0.0, "epoch 0 must not depend on set_epoch");
+    assert!(last > 1e6 * TOLERANCE, "epoch 1 must differ without set_epoch, got {last:e}");
+}

@@ -10,12 +10,15 @@
 pub mod book_includes; // `includes`: every {{#include}} of the book resolves
 pub mod cargo_json; // cargo's --message-format=json: test executables, errors
 pub mod files_check; // `files`: every repository path the text mentions exists
+pub mod gpu; // is there a GPU? then the GPU tests run, else they are skipped with their reason
 pub mod libtest_json; // libtest's --format json events, counted per test
 pub mod process; // running a command with a log, an optional time limit
 pub mod report; // the OK/FAIL/SKIP lines and the closing summary line
 pub mod rust_source; // just enough Rust lexing to find `pub fn`s and their docs
+pub mod selection; // the checks, and which of them `--only`/`--skip` run
 pub mod stubs_check; // `stubs`: exercises carry their solutions' docs
-pub mod test_checks; // `solutions` and `teeth`: which executables, and the verdicts
+pub mod teeth_check; // `teeth`: on the stubs, each chapter test reaches the exercise or is a control
+pub mod test_checks; // `solutions` and `runner`: test executables and their verdicts
 pub mod test_executables; // building test executables and running one with JSON output
 pub mod tool_checks; // fmt, book, notebooks, clippy, train: external tools
 pub mod workbook; // `cargo workbook`: the learner's command (chapters, tests, hints)

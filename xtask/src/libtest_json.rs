@@ -33,8 +33,10 @@ pub enum TestEvent {
         name: String,
         output: String,
     },
+    /// `reason` is the `#[ignore = "..."]` message, empty without one.
     Ignored {
         name: String,
+        reason: String,
     },
     /// Benchmarks, "running for over 60 seconds" warnings, future events.
     Other,
@@ -57,7 +59,7 @@ pub fn parse_event(line: &str) -> Option<TestEvent> {
         },
         ("test", "started") => TestEvent::Started { name: text("name") },
         ("test", "ok") => TestEvent::Passed { name: text("name") },
-        ("test", "ignored") => TestEvent::Ignored { name: text("name") },
+        ("test", "ignored") => TestEvent::Ignored { name: text("name"), reason: text("message") },
         ("test", "failed") => {
             // `message` explains a #[should_panic] that did not panic, or one
             // whose message did not match; `stdout` is the captured output.
@@ -80,6 +82,9 @@ pub struct SuiteTally {
     pub passed_names: Vec<String>,
     /// Name and output of each failed test, in the order they failed.
     pub failures: Vec<(String, String)>,
+    /// Name and reason (the `#[ignore]` message, empty without one) of each
+    /// ignored test, so that a skip is never silent.
+    pub ignored_tests: Vec<(String, String)>,
     /// Tests that started and have not finished (yet, or ever: a crash or a
     /// hang leaves them here).
     pub running: BTreeSet<String>,
@@ -108,9 +113,10 @@ impl SuiteTally {
                 self.passed += 1;
                 self.passed_names.push(name);
             }
-            TestEvent::Ignored { name } => {
+            TestEvent::Ignored { name, reason } => {
                 self.running.remove(&name);
                 self.ignored += 1;
+                self.ignored_tests.push((name, reason));
             }
             TestEvent::Failed { name, output } => {
                 self.running.remove(&name);

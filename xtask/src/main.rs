@@ -8,96 +8,22 @@
 //!     cargo xtask --help
 //!
 //! The last line printed is the summary CI reads, alone on its line:
-//! `N passed, N failed[, N skipped]`; the exit status is 1 when anything
-//! failed, 2 for a bad command line.
+//! `N passed, N failed[, N skipped]` (a check left out counts as skipped);
+//! the exit status is 1 when anything failed, 2 for a bad command line. The
+//! checks and the command line are in selection.rs.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use xtask::report::{Outcome, Report};
-use xtask::{files_check, stubs_check, test_checks, tool_checks, workbook, Context};
-
-/// Every check, in the order the suite runs them, with what each one does.
-const CHECKS: &[(&str, &str)] = &[
-    ("fmt", "cargo fmt --all --check"),
-    ("book", "mdbook build exits 0 and logs no ERROR"),
-    ("includes", "every {{#include}} of the book names an existing file, anchor and lines"),
-    ("files", "every repository path the docs and code mention exists; nothing points outside the repository"),
-    ("stubs", "each exercise pub fn has its solution's doc comment and signature, and a todo!(\"exercise chNN: ...\")"),
-    ("hints", "each exercise has graded hints 1, 2, 3 in its hints.md, and its chapter page shows every one"),
-    ("runner", "cargo test -p xtask: the runner's and the workbook command's own tests (counted per test)"),
-    ("solutions", "cargo test --features solutions,mpi,nccl: every test and doc test passes (counted per test)"),
-    ("teeth", "each tests/chapter_NN.rs fails on the untouched stubs, saying `exercise chNN:` (one per chapter)"),
-    ("notebooks", "every notebook runs in the Rust kernel (counted per notebook), is committed clean, and the runner's own tests pass"),
-    ("clippy", "cargo clippy --all-targets --features solutions,mpi,nccl -- -D warnings, and the same for xtask"),
-    ("train", "cargo run --release --features mpi,nccl --example train reaches its accuracy target"),
-    ("mpi", "the same run as 2 processes: scripts/launch.sh -np 2 target/release/examples/train --backend mpi"),
-];
-
-/// The checks that build or run the crate, and so need libtorch.
-const NEED_LIBTORCH: &[&str] = &["solutions", "teeth", "notebooks", "clippy", "train", "mpi"];
-
-fn help() -> String {
-    let mut text = String::from(
-        "cargo xtask test: the ddp-workbook test suite (what scripts/test.sh and CI run)\n\n\
-         Usage: cargo xtask test [--only CHECK[,CHECK...]] [--skip CHECK[,CHECK...]]\n\n\
-         Checks, in the order they run (each runs even when an earlier one failed):\n",
-    );
-    for (name, what) in CHECKS {
-        text.push_str(&format!("  {name:<10} {what}\n"));
-    }
-    text.push_str(
-        "\nThe last line is the summary CI reads: N passed, N failed[, N skipped].\n\
-         With CI set, hung steps are stopped (30 min for solutions and notebooks, 10 min\n\
-         per chapter and for train); without it, a chapter whose exercise.rs you have\n\
-         edited is skipped by teeth. Full logs: target/test-logs/.\n",
-    );
-    text
-}
-
-/// Which checks to run, from `test [--only A,B] [--skip C]`.
-fn parse_args(args: &[String]) -> Result<Option<Vec<&'static str>>, String> {
-    let mut args = args.iter();
-    match args.next().map(String::as_str) {
-        Some("test") => {}
-        Some("-h" | "--help" | "help") | None => return Ok(None),
-        Some(other) => return Err(format!("unknown command `{other}` (the only one is `test`)")),
-    }
-    let (mut only, mut skip) = (Vec::new(), Vec::new());
-    while let Some(arg) = args.next() {
-        let (flag, inline_value) = match arg.split_once('=') {
-            Some((flag, value)) => (flag, Some(value.to_string())),
-            None => (arg.as_str(), None),
-        };
-        let list = match flag {
-            "-h" | "--help" => return Ok(None),
-            "--only" => &mut only,
-            "--skip" => &mut skip,
-            _ => return Err(format!("unknown argument `{arg}`")),
-        };
-        let value =
-            inline_value.or_else(|| args.next().cloned()).ok_or(format!("{flag} needs a list of checks"))?;
-        for name in value.split(',').map(str::trim).filter(|name| !name.is_empty()) {
-            let known = CHECKS.iter().find(|(check, _)| *check == name);
-            let (check, _) =
-                known.ok_or(format!("unknown check `{name}` (cargo xtask --help lists them)"))?;
-            list.push(*check);
-        }
-    }
-    let selected = CHECKS
-        .iter()
-        .map(|(name, _)| *name)
-        .filter(|name| only.is_empty() || only.contains(name))
-        .filter(|name| !skip.contains(name))
-        .collect();
-    Ok(Some(selected))
-}
+use xtask::selection::{help, parse_args, Request, NEED_LIBTORCH};
+use xtask::{files_check, stubs_check, teeth_check, test_checks, tool_checks, workbook, Context};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let selected = match parse_args(&args) {
-        Ok(Some(selected)) => selected,
-        Ok(None) => {
+    let selection = match parse_args(&args) {
+        Ok(Request::Run(selection)) => selection,
+        Ok(Request::Help) => {
             print!("{}", help());
             return ExitCode::SUCCESS;
         }
@@ -116,14 +42,23 @@ fn main() -> ExitCode {
     };
     let started = Instant::now();
     let mut report = Report::new();
+    // Left out on purpose: counted as skipped, so that the summary of a
+    // partial run never reads like the summary of a whole one.
+    if !selection.left_out.is_empty() {
+        report.section("left out of this run (each counts as skipped)");
+        for (name, reason) in &selection.left_out {
+            report.check(name, Outcome::Skip, reason);
+        }
+    }
     let libtorch_ready = ctx.root.join(".cargo/libtorch.toml").is_file();
-    if !libtorch_ready && selected.iter().any(|name| NEED_LIBTORCH.contains(name)) {
+    if !libtorch_ready && selection.run.iter().any(|name| NEED_LIBTORCH.contains(name)) {
         println!("cargo xtask: libtorch is not set up in this checkout (.cargo/libtorch.toml is missing).");
         println!("    -> run scripts/setup.sh first; the checks that need it are not run");
         report.check("setup", Outcome::Fail, "run scripts/setup.sh");
     }
-    for name in selected {
+    for name in selection.run {
         if NEED_LIBTORCH.contains(&name) && !libtorch_ready {
+            report.check(name, Outcome::Skip, "needs libtorch: run scripts/setup.sh");
             continue;
         }
         match name {
@@ -135,7 +70,7 @@ fn main() -> ExitCode {
             "hints" => hints(&ctx, &mut report),
             "runner" => test_checks::runner(&ctx, &mut report),
             "solutions" => test_checks::solutions(&ctx, &mut report),
-            "teeth" => test_checks::teeth(&ctx, &mut report),
+            "teeth" => teeth_check::teeth(&ctx, &mut report),
             "notebooks" => tool_checks::notebooks(&ctx, &mut report),
             "clippy" => tool_checks::clippy(&ctx, &mut report),
             "train" => tool_checks::train(&ctx, &mut report),
@@ -179,7 +114,9 @@ fn files(ctx: &Context, report: &mut Report) {
 }
 
 fn stubs(ctx: &Context, report: &mut Report) {
-    report.section("stubs: each exercise has its solution's doc comments and signatures");
+    report.section(
+        "stubs: each solution function has its stub: same doc comment and signature, only its todo!",
+    );
     let outcome = stubs_check::check_stubs(&ctx.root);
     outcome.problems.iter().for_each(|problem| println!("  {problem}"));
     let counts = format!("{} stubs in {} chapters", outcome.functions, outcome.chapters);
@@ -195,7 +132,7 @@ fn stubs(ctx: &Context, report: &mut Report) {
 }
 
 fn hints(ctx: &Context, report: &mut Report) {
-    report.section("hints: every exercise has its graded hints, and the book shows them");
+    report.section("hints: every exercise has exactly three graded hints, and the book shows them");
     match workbook::hints::check_all(&ctx.root) {
         Ok((count, problems)) if problems.is_empty() => {
             report.check("hints", Outcome::Ok, &format!("{count} hints, each in its chapter's page"))

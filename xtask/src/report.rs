@@ -5,7 +5,8 @@
 //! Counting rules (the same as scripts/test.sh has always used): each test of
 //! the solutions run counts on its own (an ignored test counts as skipped),
 //! each notebook counts on its own, and every other check counts once (one
-//! teeth check per chapter).
+//! teeth check per chapter). A check left out with `--only`/`--skip`, or one
+//! that cannot run without libtorch, counts once as skipped.
 
 use std::time::Instant;
 

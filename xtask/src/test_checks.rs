@@ -1,18 +1,21 @@
 //! xtask/src/test_checks.rs: the `solutions` check (every test and doc test
-//! passes against the reference solutions) and the `teeth` check (every
-//! chapter's tests fail on the untouched exercise stubs). Run one of them:
-//! `cargo xtask test --only solutions`, `cargo xtask test --only teeth`.
+//! passes against the reference solutions; the GPU tests run where a GPU is,
+//! and are reported skipped with their reason elsewhere) and the `runner`
+//! check (the xtask crate's own tests). Run one of them:
+//! `cargo xtask test --only solutions`, `cargo xtask test --only runner`.
+//! The `teeth` check is in teeth_check.rs.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::Write;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::libtest_json::sum_test_result_lines;
 use crate::process::{self, describe_limit};
 use crate::report::{Outcome, Report};
-use crate::test_executables::{self as executables, describe_end, print_errors, print_failures};
-use crate::Context;
+use crate::test_executables::{
+    self as executables, describe_end, print_errors, print_failures, print_ignored,
+};
+use crate::{gpu, Context};
 
 /// In CI, the longest the whole solutions run may take (build, every test
 /// executable, doc tests) before it counts as hung: it takes a few minutes.
@@ -51,10 +54,17 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
         return report.check("solutions", Outcome::Fail, detail);
     }
 
+    let gpu = gpu::find_gpu();
+    match &gpu {
+        Some(found) => println!("GPU: {found}: the GPU tests (tests/nccl.rs) run too, with --include-ignored"),
+        None => println!("GPU: none (no /dev/nvidia0, no GPU from nvidia-smi -L): the GPU tests are skipped, each with its reason"),
+    }
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
     for executable in outcome.executables_in_run_order() {
         println!("     Running {} ({})", executable.cargo_selector(), ctx.display(&executable.path));
-        let (finished, tally) = match executables::run(ctx, &executable, time_left(), &mut log) {
+        let harness_args = gpu::harness_args(&executable.target_name, gpu.is_some());
+        let (finished, tally) = match executables::run(ctx, &executable, &harness_args, time_left(), &mut log)
+        {
             Ok(ran) => ran,
             Err(error) => {
                 report.check(
@@ -66,6 +76,7 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
             }
         };
         println!("        {} passed, {} failed, {} ignored", tally.passed, tally.failed, tally.ignored);
+        print_ignored(&executable, &tally);
         print_failures(&executable, &tally, 20, " --features solutions,mpi,nccl");
         (passed, failed, ignored) = (passed + tally.passed, failed + tally.failed, ignored + tally.ignored);
         if finished.timed_out {
@@ -88,7 +99,7 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
     }
     report.add_counts(passed, failed, ignored, "solutions");
     println!();
-    let detail = format!("{passed} passed, {failed} failed, {ignored} ignored (counted per test)");
+    let detail = format!("{passed} passed, {failed} failed, {ignored} skipped (ignored, each with its reason above; counted per test)");
     report.tally_line("solutions", &detail);
 }
 
@@ -122,109 +133,6 @@ fn doc_tests(
         report.check("solutions", Outcome::Fail, detail);
     }
     totals
-}
-
-/// The chapters that have tests: `chapter_01` for tests/chapter_01.rs.
-pub fn chapter_targets(ctx: &Context) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(ctx.root.join("tests")) else { return Vec::new() };
-    let mut chapters: Vec<String> = entries
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter_map(|name| name.strip_suffix(".rs").map(str::to_string))
-        .filter(|stem| {
-            stem.strip_prefix("chapter_")
-                .is_some_and(|nn| nn.len() == 2 && nn.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .collect();
-    chapters.sort();
-    chapters
-}
-
-pub fn teeth(ctx: &Context, report: &mut Report) {
-    report.section("teeth: every chapter's tests fail on the untouched exercises");
-    let chapters = chapter_targets(ctx);
-    if chapters.is_empty() {
-        return println!("(no tests/chapter_NN.rs yet)");
-    }
-    // One build for every chapter, without the feature; each run reuses it.
-    let build_log = ctx.log("teeth-build.log");
-    let args: Vec<&str> = chapters.iter().flat_map(|chapter| ["--test", chapter.as_str()]).collect();
-    let built =
-        File::create(&build_log).and_then(|mut log| executables::build(ctx, &args, None, &mut log, false));
-    let outcome = match built {
-        Ok((finished, outcome)) => {
-            if !finished.success() {
-                println!("the chapters did not all build (target/test-logs/teeth-build.log):");
-                print_errors(&outcome, 30);
-            }
-            outcome
-        }
-        Err(error) => {
-            println!("could not start cargo: {error}");
-            Default::default()
-        }
-    };
-
-    for chapter in &chapters {
-        let nn = &chapter["chapter_".len()..];
-        let name = format!("teeth {chapter}");
-        // A learner who has filled in an exercise has made its tests pass, as
-        // intended: only untouched stubs are checked. CI's clean clone always is.
-        if !ctx.ci && exercise_differs_from_head(ctx, nn) {
-            let detail = format!("you have edited src/ch{nn}_*/exercise.rs (CI checks the committed stubs)");
-            report.check(&name, Outcome::Skip, &detail);
-            continue;
-        }
-        let Some(executable) = outcome.executables.iter().find(|e| &e.target_name == chapter) else {
-            report.check(&name, Outcome::Fail, "its tests did not build without the feature (errors above)");
-            continue;
-        };
-        let log_path = ctx.log(&format!("teeth-{chapter}.log"));
-        let ran = File::create(&log_path)
-            .and_then(|mut log| executables::run(ctx, executable, ctx.limit(CHAPTER_LIMIT), &mut log));
-        let (finished, tally) = match ran {
-            Ok(ran) => ran,
-            Err(error) => {
-                report.check(
-                    &name,
-                    Outcome::Fail,
-                    &format!("could not run {}: {error}", executable.path.display()),
-                );
-                continue;
-            }
-        };
-        let marker = format!("exercise ch{nn}:");
-        if finished.timed_out {
-            let detail = format!("hangs on the stubs (stopped after {})", describe_limit(CHAPTER_LIMIT));
-            report.check(&name, Outcome::Fail, &detail);
-        } else if finished.status.success() {
-            let detail = format!(
-                "passes on the stubs: its tests never reach the exercise (cargo test --test {chapter})"
-            );
-            report.check(&name, Outcome::Fail, &detail);
-        } else if !tally.output_contains(&marker) {
-            print_failures(executable, &tally, 3, "");
-            process::print_last_lines(&tally.other_lines.join("\n"), 30);
-            let detail = format!("fails, but never says '{marker}' ({})", describe_end(&finished, &tally));
-            report.check(&name, Outcome::Fail, &detail);
-        } else {
-            let total = tally.passed + tally.failed;
-            let detail = format!("{} of {total} tests fail on the stubs, naming '{marker}'", tally.failed);
-            report.check(&name, Outcome::Ok, &detail);
-        }
-    }
-}
-
-/// Whether the chapter's exercise.rs differs from the last commit. When git
-/// cannot tell (no repository), the chapter is treated as edited, as before.
-fn exercise_differs_from_head(ctx: &Context, nn: &str) -> bool {
-    let status = Command::new("git")
-        .args(["diff", "--quiet", "HEAD", "--"])
-        .arg(format!("src/ch{nn}_*/exercise.rs")) // a pathspec: git expands the *
-        .current_dir(&ctx.root)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
-    !matches!(status, Ok(status) if status.success())
 }
 
 /// `runner`: the xtask crate's own tests (the parsers of this runner and of

@@ -56,15 +56,17 @@ pub fn build(
 
 /// Runs one test executable from the repository root, as `cargo test` does
 /// (and with CARGO_MANIFEST_DIR, which some tests read), with libtest's JSON
-/// output. The log gets cargo's familiar lines: `test NAME ... ok`.
+/// output; `harness_args` go to libtest too (`--include-ignored`). The log
+/// gets cargo's familiar lines: `test NAME ... ok`.
 pub fn run(
     ctx: &Context,
     executable: &TestExecutable,
+    harness_args: &[&str],
     limit: Option<Duration>,
     log: &mut File,
 ) -> io::Result<(Finished, SuiteTally)> {
     let mut command = Command::new(&executable.path);
-    command.args(["--format", "json", "-Z", "unstable-options"]);
+    command.args(["--format", "json", "-Z", "unstable-options"]).args(harness_args);
     command.current_dir(&ctx.root).env("CARGO_MANIFEST_DIR", &ctx.root);
     // RUSTC_BOOTSTRAP lets a harness built by stable Rust accept the
     // `-Z unstable-options` that --format json needs. It is set here, for
@@ -101,7 +103,8 @@ pub fn run(
 fn write_event(log: &mut File, event: &TestEvent) {
     let _ = match event {
         TestEvent::Passed { name } => writeln!(log, "test {name} ... ok"),
-        TestEvent::Ignored { name } => writeln!(log, "test {name} ... ignored"),
+        TestEvent::Ignored { name, reason } if reason.is_empty() => writeln!(log, "test {name} ... ignored"),
+        TestEvent::Ignored { name, reason } => writeln!(log, "test {name} ... ignored, {reason}"),
         TestEvent::Failed { name, output } => {
             writeln!(log, "test {name} ... FAILED\n---- {name} output ----\n{}", output.trim_end())
         }
@@ -136,6 +139,14 @@ pub fn print_failures(executable: &TestExecutable, tally: &SuiteTally, count: us
     }
     if tally.failures.len() > count {
         println!("    ... and {} more failed tests (see the log)", tally.failures.len() - count);
+    }
+}
+
+/// Prints each ignored test with its reason, so that a skip is never silent.
+pub fn print_ignored(executable: &TestExecutable, tally: &SuiteTally) {
+    for (name, reason) in &tally.ignored_tests {
+        let reason = if reason.is_empty() { "#[ignore] gives no reason" } else { reason.as_str() };
+        println!("    skipped {}  {name}: {reason}", executable.target_name);
     }
 }
 

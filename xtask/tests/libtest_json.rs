@@ -23,7 +23,8 @@ fn events_are_read_by_kind() {
     assert!(
         matches!(&events[5], TestEvent::Failed { name, output } if name == "ring::fails" && output.contains("exercise ch01:"))
     );
-    assert_eq!(events[6], TestEvent::Ignored { name: "ring::slow".into() });
+    let slow = TestEvent::Ignored { name: "ring::slow".into(), reason: "takes minutes".into() };
+    assert_eq!(events[6], slow);
 }
 
 #[test]
@@ -38,6 +39,17 @@ fn a_tally_counts_each_test_and_knows_which_are_still_running() {
 
     tally.record_line(r#"{ "type": "suite", "event": "failed", "passed": 1, "failed": 1, "ignored": 1, "measured": 0, "filtered_out": 0, "exec_time": 0.5 }"#);
     assert!(tally.finished);
+}
+
+#[test]
+fn an_ignored_test_keeps_its_reason_and_one_without_says_so() {
+    let mut tally = SuiteTally::default();
+    tally.record_line(r#"{ "type": "test", "name": "nccl::two_gpus", "event": "ignored", "message": "needs a GPU: none here" }"#);
+    tally.record_line(r#"{ "type": "test", "name": "slow", "event": "ignored" }"#);
+    let expected = [("nccl::two_gpus", "needs a GPU: none here"), ("slow", "")];
+    let got: Vec<(&str, &str)> = tally.ignored_tests.iter().map(|(n, r)| (n.as_str(), r.as_str())).collect();
+    assert_eq!(got, expected);
+    assert_eq!(tally.ignored, 2);
 }
 
 #[test]

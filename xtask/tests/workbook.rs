@@ -104,3 +104,71 @@ fn the_failure_shown_in_full_is_a_rule_not_a_negative_control() {
     };
     assert_eq!(verdict::most_telling_failure(&only_control), Some(0));
 }
+
+/// A repository with one chapter, 01, whose exercise has `plan`, `sync`
+/// and `gather`, with `hints` as its hints.md; its page shows every hint.
+fn chapter_with_hints(name: &str, hints: &str) -> std::path::PathBuf {
+    let root = std::env::temp_dir().join(format!("xtask-hints-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    // Joined a folder at a time: the `files` check reads whole paths in
+    // this file as mentions of the repository's own files.
+    let chapter = root.join("src").join("ch01_ring");
+    std::fs::create_dir_all(&chapter).expect("a temporary folder");
+    std::fs::create_dir_all(root.join("chapters")).expect("a temporary folder");
+    let stubs = ["plan", "sync", "gather"]
+        .map(|f| format!("pub fn {f}() {{\n    todo!(\"exercise ch01: {f} in here\")\n}}\n"));
+    std::fs::write(chapter.join("exercise.rs"), stubs.concat()).expect("written");
+    std::fs::write(chapter.join("hints.md"), hints).expect("written");
+    let page: String = hints::parse(hints)
+        .iter()
+        .map(|h| format!("{{{{#include ../src/ch01_ring/hints.md:{}-{}}}}}\n", h.function, h.step))
+        .collect();
+    std::fs::write(root.join("chapters").join("01-ring.md"), format!("# Ring\n{page}")).expect("written");
+    root
+}
+
+fn hint(function: &str, step: usize, text: &str) -> String {
+    format!("<!-- ANCHOR: {function}-{step} -->\n{text}\n<!-- ANCHOR_END: {function}-{step} -->\n")
+}
+
+#[test]
+fn every_exercise_needs_exactly_three_hints_with_text() {
+    let three = |f: &str| (1..=3).map(|step| hint(f, step, "Some text.")).collect::<String>();
+    let good = format!("{}{}{}", three("plan"), three("sync"), three("gather"));
+    let root = chapter_with_hints("good", &good);
+    assert_eq!(hints::check_all(&root).expect("readable"), (9, vec![]));
+
+    // plan: only two; sync: hint 2 is empty; gather: a fourth.
+    let bad = format!(
+        "{}{}{}{}{}{}",
+        hint("plan", 1, "The idea."),
+        hint("plan", 2, "The API."),
+        hint("sync", 1, "The idea."),
+        hint("sync", 2, "  "),
+        hint("sync", 3, "Near-code."),
+        three("gather") + &hint("gather", 4, "One more.")
+    );
+    let root = chapter_with_hints("bad", &bad);
+    let (_, problems) = hints::check_all(&root).expect("readable");
+    let _ = std::fs::remove_dir_all(&root);
+    let named: Vec<&str> = problems.iter().filter_map(|p| p.split('`').nth(1)).collect();
+    assert_eq!(named, ["plan", "sync", "gather"], "{problems:#?}");
+}
+
+#[test]
+fn controls_pass_on_the_stubs_and_are_not_counted_as_claims_about_your_code() {
+    let root = xtask::repo_root();
+    let chapters = workbook::chapters(&root).expect("the chapters are readable");
+    let ch01 = workbook::find(&chapters, "01").expect("chapter 01");
+    let mut tally = SuiteTally::default();
+    for line in [
+        r#"{ "type": "test", "event": "ok", "name": "controls::a_fake_all_reduce_is_caught" }"#,
+        r#"{ "type": "test", "event": "failed", "name": "ring_sums", "stdout": "not yet implemented: exercise ch01: ring_reduce_scatter in here" }"#,
+    ] {
+        tally.record_line(line);
+    }
+    assert_eq!(verdict::claims_holding(&tally), (0, 1));
+    let lines = verdict::describe(ch01, &tally);
+    assert!(lines[0].ends_with("0 of 1 claims hold"), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("1 control passes too")), "{lines:?}");
+}

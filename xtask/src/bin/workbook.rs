@@ -77,9 +77,12 @@ fn list(ctx: &Context, chapters: &[Chapter]) -> Result<(), String> {
         } else {
             match run_tests(ctx, chapter, false)? {
                 Some((t, _)) if t.failed == 0 && t.passed > 0 => {
-                    format!("passing: all {} claims hold", t.passed)
+                    format!("passing: all {} claims hold", verdict::claims_holding(&t).1)
                 }
-                Some((t, _)) => format!("failing: {} of {} claims hold", t.passed, t.passed + t.failed),
+                Some((t, _)) => {
+                    let (held, total) = verdict::claims_holding(&t);
+                    format!("failing: {held} of {total} claims hold")
+                }
                 None => "does not compile (cargo workbook test shows why)".to_string(),
             }
         };
@@ -116,7 +119,7 @@ fn run_tests(
         }
         return Ok(None);
     };
-    let (_, tally) = test_executables::run(ctx, &executable, None, &mut log).map_err(io)?;
+    let (_, tally) = test_executables::run(ctx, &executable, &[], None, &mut log).map_err(io)?;
     Ok(Some((tally, outcome.warnings)))
 }
 

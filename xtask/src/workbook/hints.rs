@@ -93,9 +93,8 @@ pub fn next<'a>(hints: &'a [Hint], order: &[String], seen: impl Fn(&str) -> usiz
     })
 }
 
-/// The `hints` check: every exercise of every chapter has hints 1, 2, 3 (at
-/// least two, numbered from 1 without gaps), and the chapter's book page
-/// includes each one. Returns the number of hints and the problems found.
+/// The `hints` check: every exercise of every chapter has exactly the hints
+/// 1, 2, 3, none of them empty, and the chapter's book page includes each one. Returns the number of hints and the problems found.
 pub fn check_all(root: &Path) -> Result<(usize, Vec<String>), String> {
     let chapters = super::chapters(root).map_err(|e| format!("cannot read the chapters: {e}"))?;
     let mut problems = Vec::new();
@@ -109,11 +108,18 @@ pub fn check_all(root: &Path) -> Result<(usize, Vec<String>), String> {
         let hints = parse(&text);
         let page = page_text(root, &chapter.number);
         for function in &chapter.exercises {
-            let steps: Vec<usize> =
-                hints.iter().filter(|h| &h.function == function).map(|h| h.step).collect();
-            if steps.len() < 2 || steps.iter().enumerate().any(|(i, &step)| step != i + 1) {
+            let own: Vec<&Hint> = hints.iter().filter(|h| &h.function == function).collect();
+            let steps: Vec<usize> = own.iter().map(|h| h.step).collect();
+            let empty: Vec<usize> = own.iter().filter(|h| h.text.is_empty()).map(|h| h.step).collect();
+            if steps != [1, 2, 3] {
                 problems.push(format!(
-                    "chapter {}: `{function}` has hints {steps:?}; give it 1, 2, 3",
+                    "chapter {}: `{function}` has hints {steps:?}; give it exactly 1, 2, 3 \
+                     (the idea, the API, near-code)",
+                    chapter.number
+                ));
+            } else if !empty.is_empty() {
+                problems.push(format!(
+                    "chapter {}: `{function}`'s hints {empty:?} are empty: write them",
                     chapter.number
                 ));
             }

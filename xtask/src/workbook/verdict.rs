@@ -4,6 +4,7 @@
 
 use super::Chapter;
 use crate::libtest_json::{failure_excerpt, SuiteTally};
+use crate::teeth_check::is_control;
 
 /// A test's name as the claim it checks: `sampler::every_epoch_is_new`
 /// becomes "every epoch is new (sampler)".
@@ -25,16 +26,32 @@ pub fn unwritten_in(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
     chapter.exercises.iter().filter(|f| tally.output_contains(&marker(f))).cloned().collect()
 }
 
+/// How many of the chapter's claims about the learner's code hold, of how
+/// many: the controls (tests in a `mod controls`, which never run the
+/// learner's code and pass even on the stubs) are not claims about it.
+pub fn claims_holding(tally: &SuiteTally) -> (usize, usize) {
+    let held = tally.passed_names.iter().filter(|name| !is_control(name)).count();
+    let failed = tally.failures.iter().filter(|(name, _)| !is_control(name)).count();
+    (held, held + failed)
+}
+
 /// The verdict, as lines to print.
 pub fn describe(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
-    let total = tally.passed + tally.failed;
-    let mut lines = vec![format!(
-        "chapter {} · {}: {} of {total} claims hold",
-        chapter.number, chapter.title, tally.passed
-    )];
-    let mut passed = tally.passed_names.clone();
+    let (held, total) = claims_holding(tally);
+    let mut lines =
+        vec![format!("chapter {} · {}: {held} of {total} claims hold", chapter.number, chapter.title)];
+    let mut passed: Vec<&String> = tally.passed_names.iter().filter(|name| !is_control(name)).collect();
     passed.sort();
     lines.extend(passed.iter().map(|name| format!("  ✓ {}", claim(name))));
+    let controls = tally.passed_names.len() - passed.len();
+    let they_pass = match controls {
+        0 => None,
+        1 => Some("1 control passes".to_string()),
+        count => Some(format!("{count} controls pass")),
+    };
+    if let Some(they_pass) = they_pass {
+        lines.push(format!("  ({they_pass} too: controls check the tests themselves, not your code)"));
+    }
     let unwritten = unwritten_in(chapter, tally);
     let detailed = most_telling_failure(tally);
     for (index, (name, output)) in tally.failures.iter().enumerate() {
@@ -63,12 +80,8 @@ pub fn describe(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
 /// A control shows what breaks when a rule is broken; when it fails, the
 /// test of the rule itself says better what is wrong.
 pub fn most_telling_failure(tally: &SuiteTally) -> Option<usize> {
-    let is_control = |name: &str| name.contains("negative_control");
-    tally
-        .failures
-        .iter()
-        .position(|(name, _)| !is_control(name))
-        .or((!tally.failures.is_empty()).then_some(0))
+    let control = |name: &str| is_control(name) || name.contains("negative_control");
+    tally.failures.iter().position(|(name, _)| !control(name)).or((!tally.failures.is_empty()).then_some(0))
 }
 
 /// The compiler's warnings about the chapter's own files (the learner's
