@@ -228,3 +228,55 @@ pub fn canonical_signature(signature: &str) -> String {
     }
     out
 }
+
+/// The names a file re-exports with `pub use`, each with the 1-based line
+/// of its `pub use`: `pub use a::{b, c::d as e};` gives `b` and `e`. Globs
+/// (`*`) and `self` name nothing that can be checked, and are left out.
+pub fn public_uses(source: &str) -> Vec<(usize, String)> {
+    let code = blank_comments_and_literals(source);
+    let mut found = Vec::new();
+    for (start, _) in code.match_indices("pub use ") {
+        if code[..start].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let tree_start = start + "pub use ".len();
+        let tree_end = code[tree_start..].find(';').map_or(code.len(), |n| tree_start + n);
+        let line = code[..start].matches('\n').count() + 1;
+        for name in use_tree_names(&code[tree_start..tree_end]) {
+            found.push((line, name));
+        }
+    }
+    found
+}
+
+/// The names a use tree brings in: `a::{b, c::{d, e as f}}` gives b, d, f.
+fn use_tree_names(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    if let (Some(open), true) = (tree.find('{'), tree.ends_with('}')) {
+        let inner = &tree[open + 1..tree.len() - 1];
+        let (mut names, mut depth, mut from) = (Vec::new(), 0usize, 0);
+        for (at, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth = depth.saturating_sub(1),
+                ',' if depth == 0 => {
+                    names.extend(use_tree_names(&inner[from..at]));
+                    from = at + 1;
+                }
+                _ => {}
+            }
+        }
+        names.extend(use_tree_names(&inner[from..]));
+        return names;
+    }
+    let words: Vec<&str> = tree.split_whitespace().collect();
+    let name: &str = match words.as_slice() {
+        [_, "as", alias] => alias,
+        [path] => path.rsplit("::").next().unwrap_or(path),
+        _ => return Vec::new(),
+    };
+    match name {
+        "" | "*" | "self" | "_" => Vec::new(),
+        name => vec![name.to_string()],
+    }
+}

@@ -3,16 +3,21 @@
 //! src/chNN_*/exercise.rs, the doc comment and the signature must equal those
 //! of the same `pub fn` in that chapter's solution.rs (or, when solution.rs
 //! only re-exports it, in the first file under src/ddp/ that defines it), and
-//! the body must be the chapter's `todo!("exercise chNN: ...")`, the message
-//! the teeth check looks for. Run it: `cargo xtask test --only stubs`.
+//! the body must be nothing but the chapter's
+//! `todo!("exercise chNN: NAME ...")` (comments aside), naming the function:
+//! the message the teeth check and `cargo workbook` look for. And every
+//! function of solution.rs (defined or re-exported) must have its stub.
+//! Run it: `cargo xtask test --only stubs`. Unit tests: xtask/tests/stubs_check.rs.
 //!
 //! Why: a learner reads only the exercise file. A doc comment that drifted
-//! from the solution describes a function the tests do not check.
+//! from the solution describes a function the tests do not check; code left
+//! beside the todo! can make a test pass on the "untouched" stubs; and a
+//! solution function without a stub is an exercise the learner never sees.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::rust_source::{canonical_signature, public_fns, PubFn};
+use crate::rust_source::{blank_comments_and_literals, canonical_signature, public_fns, public_uses, PubFn};
 
 /// What the check found, over every chapter.
 #[derive(Debug, Default)]
@@ -56,7 +61,16 @@ pub fn check_stubs(root: &Path) -> StubsOutcome {
         let exercise = fs::read_to_string(&exercise_path).unwrap_or_default();
         let solution = fs::read_to_string(&solution_path).unwrap_or_default();
         let solution_fns = public_fns(&solution);
-        for stub in public_fns(&exercise) {
+        let stubs = public_fns(&exercise);
+        check_every_solution_fn_has_a_stub(
+            &nn,
+            &solution,
+            &stubs,
+            &relative(&solution_path),
+            &relative(&exercise_path),
+            &mut outcome.problems,
+        );
+        for stub in stubs {
             outcome.functions += 1;
             let stub = Located { file: relative(&exercise_path), item: stub };
             let label = format!("ch{nn} {}", stub.item.name);
@@ -95,14 +109,55 @@ pub fn check_stubs(root: &Path) -> StubsOutcome {
     outcome
 }
 
-/// The stub's body must hand the learner the chapter's todo! message.
+/// The stub's body must be the chapter's todo!, naming the function, and
+/// nothing else but comments.
 fn check_todo(label: &str, nn: &str, stub: &Located, problems: &mut Vec<String>) {
-    let expected = format!("todo!(\"exercise ch{nn}:");
-    if !stub.item.body.as_deref().is_some_and(|body| body.contains(&expected)) {
-        problems.push(format!(
-            "{label}: {}:{}: the body has no {expected} ...\") (the teeth check looks for that message)",
-            stub.file, stub.item.line
+    let expected = format!("todo!(\"exercise ch{nn}: {} ...\")", stub.item.name);
+    let where_ = format!("{}:{}", stub.file, stub.item.line);
+    let Some(body) = stub.item.body.as_deref() else {
+        return problems.push(format!("{label}: {where_}: has no body: give it {expected}"));
+    };
+    // Comments and the literal's text blanked: only the code is left.
+    let code = blank_comments_and_literals(body);
+    let compact: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    if compact != "todo!(\"\")" && compact != "todo!(\"\");" {
+        return problems.push(format!(
+            "{label}: {where_}: the body must be only {expected} (comments may stay): \
+             code beside it could pass a test on the untouched stubs"
         ));
+    }
+    // Positions are kept by the blanking: the literal's text is at the quote.
+    let quote = code.find('"').map_or(body.len(), |at| at + 1);
+    let message = &body[quote..];
+    let prefix = format!("exercise ch{nn}: {}", stub.item.name);
+    let names_itself = message.strip_prefix(&prefix).is_some_and(|rest| rest.starts_with([' ', '"']));
+    if !names_itself {
+        problems.push(format!(
+            "{label}: {where_}: the todo! must say {expected}: the teeth check and `cargo workbook` read that message"
+        ));
+    }
+}
+
+/// Every `pub fn` of the solution, and every function it re-exports with
+/// `pub use` (types, named in CamelCase, aside), must have a stub.
+fn check_every_solution_fn_has_a_stub(
+    nn: &str,
+    solution: &str,
+    stubs: &[PubFn],
+    solution_file: &str,
+    exercise_file: &str,
+    problems: &mut Vec<String>,
+) {
+    let defined = public_fns(solution).into_iter().map(|item| (item.line, item.name));
+    let reexported =
+        public_uses(solution).into_iter().filter(|(_, name)| !name.starts_with(char::is_uppercase));
+    for (line, name) in defined.chain(reexported) {
+        if !stubs.iter().any(|stub| stub.name == name) {
+            problems.push(format!(
+                "ch{nn} {name}: {solution_file}:{line}: `{name}` has no stub in {exercise_file}: \
+                 give it one, with the solution's doc comment and signature and a todo!"
+            ));
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! xtask/tests/rust_source.rs: unit tests of the `pub fn` finder behind the
 //! `stubs` check. Run: cargo test -p xtask --test rust_source
 
-use xtask::rust_source::{blank_comments_and_literals, canonical_signature, public_fns};
+use xtask::rust_source::{blank_comments_and_literals, canonical_signature, public_fns, public_uses};
 
 const EXERCISE: &str = r##"//! A chapter's exercise.
 use tch::Tensor;
@@ -85,4 +85,12 @@ fn signatures_compare_without_their_layout() {
     assert_eq!(canonical_signature(one_line), canonical_signature(wrapped));
     assert_eq!(canonical_signature("pub fn f<T: A<B,>>(x: &'a T)"), "pub fn f<T:A<B>>(x:&'a T)");
     assert_ne!(canonical_signature(one_line), canonical_signature("pub fn long(a: i64, c: i64) -> i64"));
+}
+
+#[test]
+fn re_exported_names_are_found_with_their_line() {
+    let source = "// pub use not::this;\npub use crate::ddp::{plan, sync as bucket_sync, nested::{a, b}};\npub use crate::ddp::mark_ready;\npub use glob::*;\n";
+    let found = public_uses(source);
+    let names: Vec<(usize, &str)> = found.iter().map(|(line, name)| (*line, name.as_str())).collect();
+    assert_eq!(names, [(2, "plan"), (2, "bucket_sync"), (2, "a"), (2, "b"), (3, "mark_ready")]);
 }
