@@ -123,7 +123,8 @@ pub fn includes(ctx: &Context, report: &mut Report) {
 pub fn notebooks(ctx: &Context, report: &mut Report) {
     report.section("notebooks: run every notebook in a fresh Rust kernel");
     if !ctx.root.join("scripts/run_notebooks.py").is_file() {
-        return println!("(no scripts/run_notebooks.py in this checkout)");
+        let detail = "scripts/run_notebooks.py is missing: no notebook can run (restore it from git)";
+        return report.check("notebooks", Outcome::Fail, detail);
     }
     let python = ctx.root.join(".venv/bin/python");
     let python_command = |args: &[&str]| {
@@ -137,12 +138,19 @@ pub fn notebooks(ctx: &Context, report: &mut Report) {
     let command = python_command(&["scripts/run_notebooks.py"]);
     let limit = ctx.limit(NOTEBOOKS_LIMIT);
     if let Some(captured) = run_or_fail(report, "notebooks", command, limit, ctx.log("notebooks.log"), true) {
-        let (passed, failed) = last_passed_failed_line(&captured.output).unwrap_or((0, 0));
+        let summary = last_passed_failed_line(&captured.output);
+        let (passed, failed) = summary.unwrap_or((0, 0));
         report.add_counts(passed, failed, 0, "notebooks");
         println!();
         if captured.finished.timed_out {
             let detail = format!("stopped after {}: a notebook hangs", describe_limit(NOTEBOOKS_LIMIT));
             report.check("notebooks", Outcome::Fail, &detail);
+        } else if summary.is_none() {
+            // Without its closing line nothing says that any notebook ran.
+            let detail = "scripts/run_notebooks.py ended without its `N passed, N failed` line (see above)";
+            report.check("notebooks", Outcome::Fail, detail);
+        } else if passed + failed == 0 {
+            report.check("notebooks", Outcome::Fail, "scripts/run_notebooks.py ran no notebook (see above)");
         } else if !captured.finished.success() && failed == 0 {
             report.check(
                 "notebooks",
