@@ -11,15 +11,26 @@
 #              silently empty the listing)
 #   files      every repository path the docs, scripts and code mention
 #              exists, and nothing points at files outside the repository
-#   stubs      every exercise `pub fn` carries its solution's doc comment and
-#              signature, and its body is the chapter's todo!("exercise chNN: ...")
+#   stubs      every solution function has its exercise `pub fn`, with the
+#              solution's doc comment and signature, whose body is only the
+#              chapter's todo!("exercise chNN: NAME ...")
+#   hints      every exercise has exactly three non-empty graded hints, and its
+#              chapter page shows each one
+#   runner     cargo test -p xtask: the runner's own tests
 #   solutions  cargo test --features solutions,mpi,nccl: every test and doc test
-#              (the MPI tests start mpirun jobs of 2 and 3 processes)
-#   teeth      each tests/chapter_NN.rs FAILS on the untouched stubs, saying
-#              `exercise chNN:` (outside CI, a chapter whose exercise.rs you
-#              have edited is skipped: your solution is meant to pass)
+#              (the MPI tests start mpirun jobs of 2 and 3 processes; the GPU
+#              tests of tests/nccl.rs run where a GPU is found, by /dev/nvidia0
+#              or nvidia-smi -L, and are otherwise skipped, each with its reason)
+#   teeth      on the untouched stubs, every test of tests/chapter_NN.rs fails
+#              naming `exercise chNN:` in its own output, except the controls
+#              (tests in a `mod controls`, which never run the learner's code),
+#              which pass; per chapter it prints how many tests reach the
+#              exercise and how many are controls, and any drift fails it
+#              (outside CI, a chapter whose exercise.rs you have edited is
+#              skipped: your solution is meant to pass)
 #   notebooks  every notebook runs in the Rust kernel, is committed without
-#              outputs, and the notebook runner's own tests pass
+#              outputs, and the notebook runner's own tests pass (a missing
+#              runner, or a run without its summary line, fails)
 #   clippy     cargo clippy --all-targets --features solutions,mpi,nccl -- -D warnings
 #   train      cargo run --release --features mpi,nccl --example train reaches its target
 #   mpi        the same run on 2 processes reaches it too:
@@ -33,7 +44,8 @@
 # The last line is the summary CI reads, alone on its line:
 #   N passed, N failed[, N skipped]
 # counting each test of the solutions run (ignored tests count as skipped),
-# each notebook, and each other check (one teeth check per chapter). The
+# each notebook, and each other check (one teeth check per chapter); a check
+# left out with --only or --skip counts as skipped. The
 # exit status is non-zero when anything failed. With CI set, a hung step is
 # stopped (30 min for solutions and notebooks, 10 min per chapter and for
 # train). Full logs: target/test-logs/.
