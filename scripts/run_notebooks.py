@@ -61,6 +61,17 @@ def shorten(text: str, lines: int = 30) -> str:
     return "\n".join("      " + line for line in kept)
 
 
+def without_the_cell_source(details: str) -> str:
+    """nbclient's error repeats the whole cell between two rules of dashes
+    before the error itself; the report names the cell already, and a long
+    cell would push the error out of the shortened report."""
+    parts = details.split(SOURCE_RULE)
+    return parts[-1].strip() if len(parts) >= 3 else details
+
+
+SOURCE_RULE = "-" * 18
+
+
 # ------------------------------------------------------------------ clean
 
 
@@ -166,6 +177,7 @@ def run_notebook(path: Path, kernel: str, timeout: int, save_dir: Path | None) -
         source = text_of(nb.cells[index].source) if index is not None else ""
         first_line = source.strip().splitlines()[0] if source.strip() else ""
         details = ANSI_ESCAPE.sub("", "\n".join([error.evalue or "", error.traceback or ""]).strip())
+        details = without_the_cell_source(details)
         where = f"cell {index + 1} (`{first_line[:60]}`)" if index is not None else "a cell"
         outcome.problems.append(f"{where} failed: {error.ename}:\n{shorten(details)}")
     except CellTimeoutError:

@@ -190,6 +190,7 @@ class RunTest(unittest.TestCase):
         self.assertIn("cell 3 (`panic!(", report)
         self.assertIn("failed:", report)
         self.assertIn("planted panic", report)
+        self.assertNotIn("An error occurred while executing", report, "the report shows the error, not the cell again")
         executed = json.loads((self.saved / "planted_panic.ipynb").read_text(encoding="utf-8"))
         self.assertEqual(executed["cells"][3]["outputs"], [], "the cell after the panic must not run")
 
