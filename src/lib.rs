@@ -18,6 +18,7 @@ pub mod autograd;
 pub mod data;
 pub mod ddp;
 pub mod dist;
+mod error_text;
 pub mod fingerprint;
 pub mod models;
 pub mod seed;

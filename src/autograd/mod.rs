@@ -67,7 +67,7 @@ fn call_shim(
     }
     // SAFETY: the shim always writes a NUL-terminated message on failure.
     let message = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();
-    let message = crate::dist::cause_in_words(&message);
+    let message = crate::error_text::cause_in_words(&message);
     Err(AutogradError::Libtorch { what: what(), message })
 }
 
@@ -84,7 +84,7 @@ extern "C" fn grad_ready(context: *mut c_void, index: i64) {
     // removes the hooks before it frees the context.
     let context = unsafe { &*(context as *const HookContext) };
     if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (context.callback)(index as usize))) {
-        let message = crate::dist::panic_message(panic.as_ref());
+        let message = crate::error_text::panic_message(panic.as_ref());
         let mut first = context.panicked.lock().unwrap_or_else(|p| p.into_inner());
         first.get_or_insert(message);
     }

@@ -21,37 +21,37 @@
 //!   order (or one rank skips): they pair up and combine unrelated tensors.
 //!   Tag the calls whose order matters, as the DDP library does;
 //! - reductions are deterministic: every rank receives bitwise the same result.
+//!
+//! Here, at the root, is what every backend shares: the [`ProcessGroup`]
+//! trait, [`Work`], [`ReduceOp`] and [`CommStats`] (this file), a call's
+//! signature as the ranks compare it (`call.rs`), the result a caller waits
+//! on (`completion.rs`), [`DistError`] (`error.rs`), the environment's
+//! settings (`settings.rs`), call tags (`tag.rs`) and what a launcher told
+//! this process (`launch.rs`). Each backend has its folder: [`local`], the
+//! in-process backend, and `mpi/` and `nccl/` behind their features.
 
 mod call;
-mod comm_thread;
 mod completion;
 mod error;
 mod launch;
-mod link;
-mod local;
+pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
-mod p2p;
-mod spawn;
-mod split_reduce;
+mod settings;
 mod tag;
-mod world;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tch::Tensor;
 
-pub(crate) use error::panic_message;
-pub use error::{cause_in_words, panic_in_words, torch_error, DistError};
+pub use crate::error_text::{cause_in_words, panic_in_words};
+pub use error::{torch_error, DistError};
 pub use launch::{LaunchEnv, Launcher};
-pub use link::SimulatedLink;
-pub use local::LocalProcessGroup;
-pub use spawn::{
-    parse_timeout_secs, spawn, spawn_with, timeout_from_env, RankFailure, SpawnError, SpawnOptions,
-};
+pub use local::{spawn, spawn_with, LocalProcessGroup, RankFailure, SimulatedLink, SpawnError, SpawnOptions};
+pub use settings::{parse_timeout_secs, timeout_from_env};
 pub use tag::{current_tag, tagged};
 
 /// Whether `kind` is a floating-point type (what `ReduceOp::Avg` needs).

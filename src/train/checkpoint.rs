@@ -106,8 +106,8 @@ fn fallback_advice(path: &Path) -> String {
 /// the file's path before a safetensors error; the message names it already.
 fn one_line(error: &TchError) -> String {
     match error {
-        TchError::SafeTensorError { err, .. } => crate::dist::cause_in_words(&err.to_string()),
-        other => crate::dist::cause_in_words(&other.to_string()),
+        TchError::SafeTensorError { err, .. } => crate::error_text::cause_in_words(&err.to_string()),
+        other => crate::error_text::cause_in_words(&other.to_string()),
     }
 }
 

@@ -1,5 +1,5 @@
 //! The in-process all_reduce finished in place by its ranks
-//! (`src/dist/split_reduce.rs`): ranks that wait on their handles in
+//! (`src/dist/local/split_reduce.rs`): ranks that wait on their handles in
 //! different orders do not block each other, and the sum is the one of the
 //! rank-ordered reduction, bitwise, whoever computes which slice.
 //! Run: `cargo test --test dist split_reduce`

@@ -52,8 +52,8 @@ use mpi::environment::{Threading, Universe};
 
 pub use group::MpiProcessGroup;
 
-use super::error::panic_message;
 use super::{timeout_from_env, DistError, Group, ProcessGroup};
+use crate::error_text::panic_message;
 use engine::{Command, Engine};
 use group::Shared;
 use job::Done;
@@ -74,7 +74,7 @@ pub struct MpiWorld {
 pub fn init() -> Result<MpiWorld, DistError> {
     let setup = |detail: String| DistError::Invalid { rank: 0, op: "joining the MPI job".into(), detail };
     let timeout = timeout_from_env().map_err(setup)?;
-    let debug = super::spawn::signatures_from_env(true).map_err(setup)?;
+    let debug = super::settings::signatures_from_env(true).map_err(setup)?;
     let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
         .ok_or_else(|| setup("MPI is already initialized in this process: call init() once".into()))?;
     if threading < Threading::Multiple {

@@ -55,9 +55,9 @@ use tch::{Device, Kind, Tensor};
 
 pub use group::NcclProcessGroup;
 
-use super::error::panic_message;
-use super::spawn::signatures_from_env;
+use super::settings::signatures_from_env;
 use super::{timeout_from_env, DistError, Group, ProcessGroup};
+use crate::error_text::panic_message;
 use group::JobWatch;
 
 /// How many GPUs NCCL can use here, or, in words, why none.

@@ -38,7 +38,7 @@ impl SimulatedLink {
 /// batches wake-ups to save power); on a link of 50 µs that would double
 /// every latency. This thread's slack is set to 1 ns first (per thread,
 /// cheap, and harmless for a thread that only waits for its collectives).
-pub(crate) fn sleep_until(deadline: Instant) {
+pub(super) fn sleep_until(deadline: Instant) {
     #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_TIMERSLACK takes one integer and touches no memory.
     unsafe {

@@ -1,5 +1,6 @@
-//! The in-process backend: every rank is a thread of this process and the
-//! ranks meet in a shared [`World`]. Create one with [`super::spawn`].
+//! The in-process backend's [`ProcessGroup`]: every rank is a thread of this
+//! process and the ranks meet in a shared [`World`]. Create one with
+//! [`spawn`](super::spawn).
 //!
 //! Try it: `cargo test --test dist`.
 
@@ -9,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
-use super::call::{group_list_problem, Call, Op};
 use super::comm_thread::CommThread;
-use super::completion::Completion;
+use super::link::sleep_until;
 use super::world::World;
-use super::{is_float, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
+use crate::dist::call::{group_list_problem, Call, Op};
+use crate::dist::completion::Completion;
+use crate::dist::{is_float, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 
 /// One rank's handle on an in-process group (the whole world that `spawn`
 /// made, or a sub-group made with `new_group`). Each handle counts its own
@@ -29,7 +31,7 @@ pub struct LocalProcessGroup {
 }
 
 impl LocalProcessGroup {
-    pub(crate) fn new(rank: usize, world: Arc<World>) -> Self {
+    pub(super) fn new(rank: usize, world: Arc<World>) -> Self {
         LocalProcessGroup {
             rank,
             world,
@@ -120,7 +122,7 @@ fn finish_all_reduce(
 ) -> Result<(), DistError> {
     world.complete_all_reduce(rank, seq, name, output)?;
     if let Some(link_time) = link_time {
-        super::link::sleep_until(Instant::now() + link_time);
+        sleep_until(Instant::now() + link_time);
     }
     Ok(())
 }

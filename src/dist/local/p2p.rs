@@ -1,7 +1,7 @@
 //! Point-to-point messages of the in-process backend: `send` queues a copy in
 //! the destination's mailbox and returns (a buffered send), `recv` takes the
 //! oldest message from a source, waiting for one. Part of [`World`]; the
-//! rendezvous of collectives is in `world.rs`. Try it: `cargo test --test dist`.
+//! rendezvous of collectives is in `rendezvous.rs`. Try it: `cargo test --test dist`.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -9,7 +9,7 @@ use std::time::Instant;
 use tch::Tensor;
 
 use super::world::World;
-use super::DistError;
+use crate::dist::DistError;
 
 impl World {
     /// Queues a message from `src` to `dst`, unless `dst` has left.

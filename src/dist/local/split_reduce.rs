@@ -26,7 +26,7 @@
 //! either every rank gets the result, or every rank gets the same error.
 //!
 //! Tensors that share memory (one tensor handed to two ranks) would be read
-//! after another rank's step wrote them; `world.rs` sends those down the
+//! after another rank's step wrote them; `rendezvous.rs` sends those down the
 //! copying path instead.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -36,8 +36,8 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::world::World;
-use super::{panic_message, DistError, ReduceOp};
+use crate::dist::ReduceOp;
+use crate::error_text::panic_message;
 
 const UNCLAIMED: usize = usize::MAX;
 
@@ -45,7 +45,7 @@ const UNCLAIMED: usize = usize::MAX;
 const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// One all_reduce being finished by its ranks.
-pub(crate) struct SplitReduce {
+pub(super) struct SplitReduce {
     /// Each rank's own tensor, as a flat view ([numel], same storage).
     /// Behind a mutex because tch tensors are `Send` but not `Sync`: a task
     /// takes shallow handles under the lock and works outside it.
@@ -132,7 +132,7 @@ impl SplitReduce {
 /// Whether two of `tensors` (contiguous) share any byte of memory: then the
 /// in-place chain would read a rank's input after another rank's step wrote
 /// it (one tensor handed to ranks 1 and 2 would be counted twice over).
-pub(crate) fn any_overlap(tensors: &[Tensor]) -> bool {
+pub(super) fn any_overlap(tensors: &[Tensor]) -> bool {
     let mut ranges: Vec<(usize, usize)> = tensors
         .iter()
         .filter(|t| t.numel() > 0)
@@ -157,30 +157,35 @@ fn all_done(done: &[AtomicUsize]) -> bool {
     done.iter().all(|d| d.load(Ordering::Acquire) != UNCLAIMED)
 }
 
-impl World {
-    /// `rank`'s part of a split all_reduce: work until every slice is reduced
-    /// and every copy made that this rank must see before it returns.
-    pub(crate) fn finish_split(
+impl SplitReduce {
+    /// `rank`'s part of the call: works until every slice is reduced and
+    /// every copy made that this rank must see before it returns. After each
+    /// task it finishes it calls `task_done`, which wakes the ranks waiting
+    /// for it; with nothing left to claim it calls `sleep_until(finished)`,
+    /// which must return once `finished()` holds (the other ranks'
+    /// `task_done` wakes it). Returns libtorch's message if any task failed:
+    /// every rank returns the same one.
+    pub fn work_until_done(
         &self,
         rank: usize,
-        split: &SplitReduce,
-        op_name: &str,
-    ) -> Result<(), DistError> {
-        let last = self.size - 1;
+        task_done: &dyn Fn(),
+        sleep_until: &dyn Fn(&dyn Fn() -> bool),
+    ) -> Result<(), String> {
+        let (size, last) = (self.slices.len(), self.slices.len() - 1);
         loop {
-            let (owners, done, task_is_copy) = if !all_done(&split.reduce_done) {
-                (&split.reduce_owner, &split.reduce_done, false)
+            let (owners, done, task_is_copy) = if !all_done(&self.reduce_done) {
+                (&self.reduce_owner, &self.reduce_done, false)
             } else {
-                (&split.copy_owner, &split.copy_done, true)
+                (&self.copy_owner, &self.copy_done, true)
             };
             // Own work first: this rank's slice, or the copies into its own tensor.
-            let start = if task_is_copy { rank.min(last - 1) * self.size } else { rank };
+            let start = if task_is_copy { rank.min(last - 1) * size } else { rank };
             if let Some(task) = claim(owners, rank, start) {
                 let result = catch_unwind(AssertUnwindSafe(|| {
                     if task_is_copy {
-                        split.copy_slice(task)
+                        self.copy_slice(task)
                     } else {
-                        split.reduce_slice(task)
+                        self.reduce_slice(task)
                     }
                 }));
                 let failure = match result {
@@ -191,21 +196,23 @@ impl World {
                     }
                 };
                 if let Some(failure) = failure {
-                    split.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(failure);
+                    self.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(failure);
                 }
                 done[task].store(rank, Ordering::Release);
-                drop(self.lock()); // so that no waiter misses the wake-up below
-                self.changed.notify_all();
+                task_done();
                 continue;
             }
             // Nothing left to claim at this stage: wait for the tasks in progress.
             let finished = || match (task_is_copy, rank == last) {
-                (false, _) => all_done(&split.reduce_done),
-                (true, true) => all_done(&split.copy_done), // others read my tensor
-                (true, false) => split.copied_into(rank),
+                (false, _) => all_done(&self.reduce_done),
+                (true, true) => all_done(&self.copy_done), // others read my tensor
+                (true, false) => self.copied_into(rank),
             };
             if task_is_copy && finished() {
-                return self.split_failure(rank, split, op_name);
+                return match self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                    None => Ok(()),
+                    Some(message) => Err(message),
+                };
             }
             // The tasks in progress run on other cores and take microseconds
             // to a few milliseconds: watch them briefly before going to sleep,
@@ -214,29 +221,7 @@ impl World {
             while !finished() && watching.elapsed() < SPIN {
                 std::hint::spin_loop();
             }
-            self.wait_for_tasks(&finished);
-        }
-    }
-
-    /// Sleeps until `finished()`. The tasks it waits for are in progress on
-    /// other threads, and a task always ends (see the module's comment):
-    /// neither a rank that left nor a deadline can be a reason to stop.
-    fn wait_for_tasks(&self, finished: &dyn Fn() -> bool) {
-        let mut guard = self.lock();
-        while !finished() {
-            guard = self.wait(guard, None);
-        }
-    }
-
-    /// The error every rank returns if any task failed in libtorch.
-    fn split_failure(&self, rank: usize, split: &SplitReduce, op_name: &str) -> Result<(), DistError> {
-        match split.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            None => Ok(()),
-            Some(message) => Err(DistError::Torch {
-                rank: self.global[rank],
-                op: op_name.to_string(),
-                cause: tch::TchError::Torch(message),
-            }),
+            sleep_until(&finished);
         }
     }
 }

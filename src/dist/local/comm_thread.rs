@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-pub(crate) struct CommThread {
+pub(super) struct CommThread {
     jobs: Mutex<Sender<Job>>,
 }
 

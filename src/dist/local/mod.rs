@@ -1,0 +1,36 @@
+//! The in-process backend: every rank is a thread of this process, and the
+//! ranks of a group meet in memory they share. [`spawn`] starts them; each
+//! gets a [`LocalProcessGroup`]. It needs nothing installed, which is why
+//! the chapters and their tests run on it.
+//!
+//! Try it: `cargo test --test dist`.
+//!
+//! | file | what |
+//! | --- | --- |
+//! | `spawn.rs` | [`spawn`], [`spawn_with`] and their options: one thread per rank |
+//! | `group.rs` | [`LocalProcessGroup`], the `ProcessGroup` every rank calls |
+//! | `world.rs` | the state a group's ranks share, who left, sub-groups, the one way to wait |
+//! | `rendezvous.rs` | how call number `seq` of every rank meets, and fails together |
+//! | `slot.rs` | one call's meeting place and its shared result, computed in rank order |
+//! | `split_reduce.rs` | the all_reduce that its ranks finish in place, in their own tensors |
+//! | `p2p.rs` | `send` and `recv`: mailboxes between two ranks |
+//! | `comm_thread.rs` | each rank's communication thread, where `all_reduce_async` progresses |
+//! | `link.rs` | [`SimulatedLink`]: a network's cost on one machine |
+//!
+//! The files the other backends share with this one (the call signature
+//! the ranks compare, the completion a caller waits on, the errors, the
+//! environment's settings) sit one level up, in `src/dist/`.
+
+mod comm_thread;
+mod group;
+mod link;
+mod p2p;
+mod rendezvous;
+mod slot;
+mod spawn;
+mod split_reduce;
+mod world;
+
+pub use group::LocalProcessGroup;
+pub use link::SimulatedLink;
+pub use spawn::{spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
