@@ -1,12 +1,14 @@
 //! Chapter 02 tests: identical replicas. Every rank must hold bitwise the
-//! same model, and `replicate` (the library's `Replicated` core with your
-//! `verify_replicas`) must refuse, on every rank at once, to wrap replicas
-//! that differ.
+//! same model, and the chapter's `SimpleDistributedDataParallelism::new`
+//! (the library's `Replicated` core with your `verify_replicas`) must
+//! refuse, on every rank at once, to wrap replicas that differ; once
+//! wrapped, identical local steps keep the replicas equal.
 //!
 //! Your code:           `cargo test --test chapter_02`
 //! The reference code:  `cargo test --features solutions --test chapter_02`
 //! See the messages:    add `-- --nocapture`
 //! `chapter_02/several_ranks.rs`: several ranks that differ at once;
+//! `chapter_02/training.rs`: the replicas after `optimizer.step()`;
 //! `chapter_02/controls.rs`: the control, which never runs your code.
 
 mod common;
@@ -16,10 +18,12 @@ mod common;
 mod controls;
 #[path = "chapter_02/several_ranks.rs"]
 mod several_ranks;
+#[path = "chapter_02/training.rs"]
+mod training;
 
 use std::time::{Duration, Instant};
 
-use ddp_workbook::ch02_replicas::{learner, replicate, InitError};
+use ddp_workbook::ch02_replicas::{learner, InitError, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_replicas, max_abs_diff, max_replica_diff, snapshot};
 use ddp_workbook::dist::Group;
 use ddp_workbook::models::{named_buffers, named_parameters, Mlp};
@@ -39,9 +43,9 @@ fn run<T: Send>(world_size: usize, f: impl Fn(Group) -> anyhow::Result<T> + Sync
     (results, start.elapsed())
 }
 
-/// Wraps the model and returns `replicate`'s error, if any, as a value.
+/// Wraps the model and returns the wrapper's error, if any, as a value.
 fn wrap(vs: &tch::nn::VarStore, mlp: Mlp, pg: Group) -> Option<InitError> {
-    replicate(mlp, vs, pg).err()
+    SimpleDistributedDataParallelism::new(mlp, vs, pg).err()
 }
 
 /// Fails, saying why, if checking the replicas changed a tensor.
@@ -69,8 +73,8 @@ fn same_seed_on_every_rank_passes_and_the_replicas_match() {
         let (vs, mlp) = Mlp::seeded(SEED, SIZES, Kind::Double);
         let expected_output = mlp.forward(&Tensor::ones([2, 4], (Kind::Double, tch::Device::Cpu)));
         let rank = pg.rank();
-        let ddp = replicate(mlp, &vs, pg).map_err(|e| {
-            anyhow::anyhow!("rank {rank}: replicate() rejected replicas built from the same seed: {e}")
+        let ddp = SimpleDistributedDataParallelism::new(mlp, &vs, pg).map_err(|e| {
+            anyhow::anyhow!("rank {rank}: wrapping rejected replicas built from the same seed: {e}")
         })?;
         let output = ddp.forward(&Tensor::ones([2, 4], (Kind::Double, tch::Device::Cpu))); // [2, 1]
         anyhow::ensure!(
@@ -99,7 +103,7 @@ fn a_different_seed_on_one_rank_fails_on_every_rank_promptly() {
     });
     assert!(
         elapsed < PROMPTLY,
-        "replicate() took {elapsed:?}: did a rank wait for a peer that had already returned?"
+        "wrapping took {elapsed:?}: did a rank wait for a peer that had already returned?"
     );
     // The first parameter in registration order already differs (tch's
     // `linear` creates the bias before the weight): the error must name it.
@@ -113,7 +117,7 @@ fn a_different_seed_on_one_rank_fails_on_every_rank_promptly() {
         assert_unchanged(rank, before, after);
         let Some(error) = error else {
             panic!(
-                "rank {rank}: replicate() accepted replicas built from different seeds (rank 1 used {}). \
+                "rank {rank}: wrapping accepted replicas built from different seeds (rank 1 used {}). \
                  Every rank must return the error, or some ranks go on training alone: \
                  all_gather every rank's difference and decide from all of them",
                 SEED + 1
@@ -157,7 +161,7 @@ fn a_buffer_that_differs_on_one_rank_is_caught_and_named() {
     });
     assert!(
         elapsed < PROMPTLY,
-        "replicate() took {elapsed:?}: did a rank wait for a peer that had already returned?"
+        "wrapping took {elapsed:?}: did a rank wait for a peer that had already returned?"
     );
     for (rank, (before, after, error)) in errors.iter().enumerate() {
         assert_unchanged(rank, before, after);
@@ -220,7 +224,7 @@ fn a_model_changed_on_one_rank_is_a_clear_error_on_every_rank_not_a_hang() {
             // First the same model everywhere: this must pass.
             let (vs, mlp) = Mlp::seeded(SEED, SIZES, Kind::Double);
             if let Some(error) = wrap(&vs, mlp, pg.clone()) {
-                anyhow::bail!("rank {}: replicate() rejected identical replicas: {error}", pg.rank());
+                anyhow::bail!("rank {}: wrapping rejected identical replicas: {error}", pg.rank());
             }
             // Then a model built differently on rank 1.
             let (sizes, kind) =
@@ -230,10 +234,10 @@ fn a_model_changed_on_one_rank_is_a_clear_error_on_every_rank_not_a_hang() {
         });
         assert!(
             elapsed < PROMPTLY,
-            "{change}: replicate() took {elapsed:?}, so some rank waited for a peer that never came"
+            "{change}: wrapping took {elapsed:?}, so some rank waited for a peer that never came"
         );
         for (rank, error) in errors.iter().enumerate() {
-            let Some(message) = error else { panic!("{change} on rank 1: rank {rank}'s replicate() passed") };
+            let Some(message) = error else { panic!("{change} on rank 1: rank {rank}'s wrapping passed") };
             println!("{change} on rank 1, rank {rank}'s error:\n{message}");
             let own = if rank == 1 { rank1_needle } else { needle };
             for needle in [needle, own, "structure", "same way on every rank"] {
@@ -251,8 +255,8 @@ fn a_model_changed_after_wrapping_goes_unnoticed_until_checked_again() {
     let (outcomes, _) = run(2, |pg| {
         let (vs, mlp) = Mlp::seeded(SEED, SIZES, Kind::Double);
         let rank = pg.rank();
-        let ddp = replicate(mlp, &vs, pg.clone())
-            .map_err(|e| anyhow::anyhow!("rank {rank}: replicate() rejected identical replicas: {e}"))?;
+        let ddp = SimpleDistributedDataParallelism::new(mlp, &vs, pg.clone())
+            .map_err(|e| anyhow::anyhow!("rank {rank}: wrapping rejected identical replicas: {e}"))?;
         if rank == 1 {
             let (_, bias) = ddp.parameters().iter().find(|(name, _)| name == "layers.1.bias").unwrap();
             let mut bias = bias.shallow_clone(); // shares storage with the model's bias

@@ -28,7 +28,7 @@ use common::{
     assert_matches_one_process, global_batches, mse, run, train_single_process, Hints, Named, Optim,
 };
 use common::{mlp_with_an_unused_parameter, TOLERANCE};
-use ddp_workbook::ch03_averaging::{train_step, NaiveDdp};
+use ddp_workbook::ch03_averaging::{train_step, SimpleDistributedDataParallelism};
 use ddp_workbook::check::snapshot;
 use ddp_workbook::data::Regression;
 use ddp_workbook::models::Mlp;
@@ -75,7 +75,7 @@ fn train_ddp(world_size: i64, optim: Optim, sync: bool, build: fn() -> (VarStore
         let (rank, data) = (pg.rank() as i64, data());
         let (vs, model) = build();
         let mut optimizer = optim.build(&vs)?;
-        let ddp = NaiveDdp::new(model, &vs, pg)?;
+        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
         let mut run = RankRun {
             after_each_step: vec![],
             all_reduces: vec![],

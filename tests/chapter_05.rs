@@ -10,7 +10,8 @@
 //! models and training loop; `chapter_05/layout_rules.rs`, the planner's
 //! rules on hand-made sizes (when the first cap ends, a first cap and an open
 //! bucket per dtype and device); `chapter_05/missing_gradients.rs`, a
-//! parameter that had a gradient last step and has none now.
+//! parameter that had a gradient last step and has none now;
+//! `chapter_05/no_sync.rs`, chapter 4's `no_sync`, kept by this stage.
 //!
 //! Why bitwise. The in-process all-reduce adds the ranks' tensors element by
 //! element, in rank order. A gradient element gets the same additions, in the
@@ -25,11 +26,13 @@ mod common;
 mod layout_rules;
 #[path = "chapter_05/missing_gradients.rs"]
 mod missing_gradients;
+#[path = "chapter_05/no_sync.rs"]
+mod no_sync;
 #[path = "chapter_05/training.rs"]
 mod training;
 
 use common::{assert_matches_one_process, mse, Hints};
-use ddp_workbook::ch05_bucketing::{learner, BucketCaps, BucketedDdp, ParamMeta, MIB};
+use ddp_workbook::ch05_bucketing::{learner, BucketCaps, ParamMeta, SimpleDistributedDataParallelism, MIB};
 use ddp_workbook::check::{max_reference_diff, max_replica_diff, snapshot};
 use ddp_workbook::dist::spawn;
 use ddp_workbook::models::named_parameters;
@@ -72,7 +75,7 @@ fn layout_for_tiny_caps_is_the_one_the_chapter_explains() {
     for (caps, expected) in [(TINY_CAPS, expected), (BucketCaps::default(), names(&[&REVERSED_MLP]))] {
         let layouts = spawn(3, |pg| {
             let (vs, model) = mlp();
-            Ok(BucketedDdp::with_bucket_caps(model, &vs, pg, caps)?.bucket_names())
+            Ok(SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, caps)?.bucket_names())
         })
         .unwrap_or_else(|e| panic!("{e}"));
         for (rank, layout) in layouts.iter().enumerate() {
@@ -225,7 +228,7 @@ fn a_parameter_without_gradient_sends_zeros_and_keeps_no_gradient() {
 fn a_parameter_used_on_one_rank_only_is_an_error_not_a_silent_drift() {
     let result = spawn(2, |pg| {
         let (vs, model) = mlp_with_unused();
-        let ddp = BucketedDdp::with_bucket_caps(model, &vs, pg, BucketCaps::default())?;
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, BucketCaps::default())?;
         let rank = ddp.rank() as i64;
         let unused =
             ddp.parameters().iter().find(|(n, _)| n == "unused").expect("the model has it").1.shallow_clone();
@@ -272,7 +275,7 @@ fn bad_caps_give_a_clear_error() {
     for (caps, what) in bad_caps {
         let result = spawn(2, |pg| {
             let (vs, model) = mlp();
-            BucketedDdp::with_bucket_caps(model, &vs, pg, caps)?;
+            SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, caps)?;
             Ok(())
         });
         let error = result.expect_err("a cap of 0 bytes must be refused").to_string();
@@ -285,7 +288,12 @@ fn bad_caps_give_a_clear_error() {
     // A first cap above the cap: the first bucket is meant to be the small one.
     let result = spawn(2, |pg| {
         let (vs, model) = mlp();
-        BucketedDdp::with_bucket_caps(model, &vs, pg, BucketCaps { cap_bytes: 1000, first_cap_bytes: 2000 })?;
+        SimpleDistributedDataParallelism::with_bucket_caps(
+            model,
+            &vs,
+            pg,
+            BucketCaps { cap_bytes: 1000, first_cap_bytes: 2000 },
+        )?;
         Ok(())
     });
     let error = result.expect_err("a first cap above the cap must be refused").to_string();
@@ -297,7 +305,12 @@ fn bad_caps_give_a_clear_error() {
     let result = spawn(2, |pg| {
         let cap_bytes = if pg.rank() == 0 { TINY_CAPS.cap_bytes } else { 2 * TINY_CAPS.cap_bytes };
         let (vs, model) = mlp();
-        BucketedDdp::with_bucket_caps(model, &vs, pg, BucketCaps { cap_bytes, ..TINY_CAPS })?;
+        SimpleDistributedDataParallelism::with_bucket_caps(
+            model,
+            &vs,
+            pg,
+            BucketCaps { cap_bytes, ..TINY_CAPS },
+        )?;
         Ok(())
     });
     let error = result.expect_err("ranks with different caps must be refused").to_string();

@@ -1,7 +1,7 @@
 //! Chapter 02: identical replicas. Before DDP trains anything, every rank
 //! must hold exactly the same model. You write the check that proves it,
-//! `verify_replicas` in `exercise.rs`; [`replicate`] wraps a model in the
-//! library's [`Replicated`] core with your check.
+//! `verify_replicas` in `exercise.rs`; this chapter's
+//! [`SimpleDistributedDataParallelism`] runs it when it wraps a model.
 //!
 //! Your code:           `cargo test --test chapter_02`
 //! The reference code:  `cargo test --features solutions --test chapter_02`
@@ -9,7 +9,9 @@
 //! Already solved, in the library (`src/ddp/`): the error type
 //! [`InitError`], [`check_same_structure`] (every rank holds the same
 //! parameter names, shapes and dtypes, so that your check compares like with
-//! like), and the wrapper core itself.
+//! like), and the wrapper core, [`Replicated`].
+
+use std::ops::Deref;
 
 use tch::nn::{self, Module};
 
@@ -26,12 +28,32 @@ pub use exercise as learner;
 #[cfg(feature = "solutions")]
 pub use solution as learner;
 
-// ANCHOR: replicate
-/// Wraps `module`, whose variables live in `vs`, once YOUR
-/// `learner::verify_replicas` has shown that every rank holds bitwise the
-/// same parameters and buffers (after the library's structure check). Every
-/// rank must call it; on a mismatch every rank gets the same error.
-pub fn replicate<M: Module>(module: M, vs: &nn::VarStore, pg: Group) -> Result<Replicated<M>, InitError> {
-    Replicated::with_replica_check(module, vs, pg, learner::verify_replicas)
+// ANCHOR: wrapper
+/// The DDP wrapper as this chapter leaves it: a model replicated on every
+/// rank, wrapped only once YOUR `learner::verify_replicas` has shown that
+/// every rank holds bitwise the same parameters and buffers. It cannot sync
+/// gradients yet (chapter 3 adds that): `backward_local` computes this
+/// rank's own. The core's accessors (`forward`, `parameters()`, ...) come
+/// through `Deref`.
+pub struct SimpleDistributedDataParallelism<M: Module> {
+    replicated: Replicated<M>,
 }
-// ANCHOR_END: replicate
+
+impl<M: Module> SimpleDistributedDataParallelism<M> {
+    /// Wraps `module`, whose variables live in `vs`, after the library's
+    /// structure check and YOUR value check. Every rank must call it; on a
+    /// mismatch every rank gets the same error.
+    pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, InitError> {
+        let replicated = Replicated::with_replica_check(module, vs, pg, learner::verify_replicas)?;
+        Ok(SimpleDistributedDataParallelism { replicated })
+    }
+}
+// ANCHOR_END: wrapper
+
+impl<M: Module> Deref for SimpleDistributedDataParallelism<M> {
+    type Target = Replicated<M>;
+
+    fn deref(&self) -> &Replicated<M> {
+        &self.replicated
+    }
+}

@@ -3,7 +3,7 @@
 //!
 //! Check your work: `cargo test --test chapter_03`
 //!
-//! `NaiveDdp::sync_gradients` in `mod.rs` calls your
+//! `SimpleDistributedDataParallelism::sync_gradients` in `mod.rs` calls your
 //! function with the model's parameters, on every rank, after
 //! `loss.backward()` and before `optimizer.step()`.
 

@@ -5,9 +5,10 @@
 //! Your code:           `cargo test --test chapter_03`
 //! The reference code:  `cargo test --features solutions --test chapter_03`
 //!
-//! Here: [`NaiveDdp`], the library's [`Replicated`] core (checked by the
-//! library, so you can start here) plus one method that runs your code, and
-//! [`train_step`], one DDP step as this chapter teaches it.
+//! Here: this chapter's [`SimpleDistributedDataParallelism`], chapter 2's
+//! (its replica check is the library's, so you can start here) plus one
+//! method that runs your code, and [`train_step`], one DDP step as this
+//! chapter teaches it.
 
 use std::ops::Deref;
 
@@ -27,18 +28,20 @@ pub use exercise as learner;
 #[cfg(feature = "solutions")]
 pub use solution as learner;
 
-/// A model replicated on every rank, now able to average its gradients
-/// across ranks: one all-reduce per parameter. (picotron calls this stage
+// ANCHOR: wrapper
+/// The DDP wrapper as this chapter leaves it: chapter 2's, whose replicas
+/// start equal, now able to average its gradients across ranks, one
+/// all-reduce per parameter. (picotron calls this stage
 /// `DataParallelNaive`.) The core's accessors come through `Deref`.
-pub struct NaiveDdp<M: Module> {
+pub struct SimpleDistributedDataParallelism<M: Module> {
     replicated: Replicated<M>,
 }
 
-impl<M: Module> NaiveDdp<M> {
+impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// Wraps `module` after checking that every rank holds bitwise the same
     /// parameters and buffers (chapter 2, the library's check).
     pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, InitError> {
-        Ok(NaiveDdp { replicated: Replicated::new(module, vs, pg)? })
+        Ok(SimpleDistributedDataParallelism { replicated: Replicated::new(module, vs, pg)? })
     }
 
     // ANCHOR: sync_method
@@ -50,8 +53,9 @@ impl<M: Module> NaiveDdp<M> {
     }
     // ANCHOR_END: sync_method
 }
+// ANCHOR_END: wrapper
 
-impl<M: Module> Deref for NaiveDdp<M> {
+impl<M: Module> Deref for SimpleDistributedDataParallelism<M> {
     type Target = Replicated<M>;
 
     fn deref(&self) -> &Replicated<M> {
@@ -64,7 +68,7 @@ impl<M: Module> Deref for NaiveDdp<M> {
 /// single-process step with one line added. `loss_fn(prediction, target)`
 /// must return the MEAN loss over the rows. Returns this rank's loss.
 pub fn train_step<M: Module>(
-    ddp: &NaiveDdp<M>,
+    ddp: &SimpleDistributedDataParallelism<M>,
     optimizer: &mut nn::Optimizer,
     x: &Tensor,
     y: &Tensor,

@@ -3,7 +3,7 @@
 //!
 //! Check your work: `cargo test --test chapter_04`
 //!
-//! `AccumulatingDdp::no_sync` in `mod.rs` calls your
+//! `SimpleDistributedDataParallelism::no_sync` in `mod.rs` calls your
 //! `begin_no_sync` when a scope opens; the guard it returns puts the switch
 //! back when the scope closes. The tests call your `accumulate_and_step` once
 //! per optimizer step, on every rank.
@@ -13,7 +13,7 @@ use std::cell::Cell;
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use super::{AccumulatingDdp, AccumulationError};
+use super::{AccumulationError, SimpleDistributedDataParallelism};
 
 // ANCHOR: begin_no_sync_stub
 /// Turns the sync switch off and returns the state it had just before, which
@@ -40,7 +40,7 @@ pub fn begin_no_sync(require_sync: &Cell<bool>) -> bool {
 /// mean over its k micro-batches.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn accumulate_and_step<M: Module>(
-    ddp: &AccumulatingDdp<M>,
+    ddp: &SimpleDistributedDataParallelism<M>,
     optimizer: &mut nn::Optimizer,
     micro_batches: &[(Tensor, Tensor)],
     loss_fn: impl Fn(&Tensor, &Tensor) -> Tensor,

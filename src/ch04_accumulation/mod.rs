@@ -11,11 +11,11 @@
 //! Your code:           `cargo test --test chapter_04`
 //! The reference code:  `cargo test --features solutions --test chapter_04`
 //!
-//! This file holds the chapter's stage of the wrapper, [`AccumulatingDdp`]:
-//! the library's [`Replicated`] core and its naive sync (the reference code
-//! of chapters 2 and 3, so you can start here), plus what this chapter adds:
-//! the sync switch, `backward`, and `no_sync`, which opens its scope with
-//! your `begin_no_sync`. The batch arithmetic and its errors are the
+//! This file holds the chapter's [`SimpleDistributedDataParallelism`]:
+//! chapter 3's, with its replica check and naive sync (the library's
+//! reference code of chapters 2 and 3, so you can start here), plus what
+//! this chapter adds: the sync switch, `backward`, and `no_sync`, which
+//! opens its scope with your `begin_no_sync`. The batch arithmetic and its errors are the
 //! library's (`src/ddp/batch.rs`).
 
 use std::ops::Deref;
@@ -40,20 +40,27 @@ pub use exercise as learner;
 #[cfg(feature = "solutions")]
 pub use solution as learner;
 
-/// A model replicated on every rank, which averages its gradients in
-/// [`backward`](Self::backward) unless a [`no_sync`](Self::no_sync) scope
-/// is open. The core's accessors come through `Deref`.
-pub struct AccumulatingDdp<M: Module> {
+// ANCHOR: wrapper
+/// The DDP wrapper as this chapter leaves it: chapter 3's, whose replicas
+/// start equal and average their gradients, now able to accumulate: it
+/// averages in [`backward`](Self::backward) unless a
+/// [`no_sync`](Self::no_sync) scope is open. The core's accessors come
+/// through `Deref`.
+pub struct SimpleDistributedDataParallelism<M: Module> {
     replicated: Replicated<M>,
     /// Whether `backward` syncs (PyTorch's `require_backward_grad_sync`).
     switch: SyncSwitch,
 }
+// ANCHOR_END: wrapper
 
-impl<M: Module> AccumulatingDdp<M> {
+impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// Wraps `module` after the library's replica check (chapter 2). The
     /// sync switch starts on.
     pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, InitError> {
-        Ok(AccumulatingDdp { replicated: Replicated::new(module, vs, pg)?, switch: SyncSwitch::new() })
+        Ok(SimpleDistributedDataParallelism {
+            replicated: Replicated::new(module, vs, pg)?,
+            switch: SyncSwitch::new(),
+        })
     }
 
     // ANCHOR: backward
@@ -103,7 +110,7 @@ impl<M: Module> AccumulatingDdp<M> {
     }
 }
 
-impl<M: Module> Deref for AccumulatingDdp<M> {
+impl<M: Module> Deref for SimpleDistributedDataParallelism<M> {
     type Target = Replicated<M>;
 
     fn deref(&self) -> &Replicated<M> {

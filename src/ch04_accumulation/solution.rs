@@ -8,7 +8,7 @@ use std::cell::Cell;
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use super::{check_micro_batches, AccumulatingDdp, AccumulationError};
+use super::{check_micro_batches, AccumulationError, SimpleDistributedDataParallelism};
 
 // ANCHOR: begin_no_sync
 /// Turns the sync switch off and returns the state it had just before, which
@@ -27,7 +27,7 @@ pub fn begin_no_sync(require_sync: &Cell<bool>) -> bool {
 /// target)` returns a micro-batch's mean loss. Returns this rank's loss: the
 /// mean over its k micro-batches.
 pub fn accumulate_and_step<M: Module>(
-    ddp: &AccumulatingDdp<M>,
+    ddp: &SimpleDistributedDataParallelism<M>,
     optimizer: &mut nn::Optimizer,
     micro_batches: &[(Tensor, Tensor)],
     loss_fn: impl Fn(&Tensor, &Tensor) -> Tensor,

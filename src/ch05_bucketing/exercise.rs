@@ -3,10 +3,11 @@
 //!
 //! Check your work: `cargo test --test chapter_05`
 //!
-//! `BucketedDdp::with_bucket_caps` in `mod.rs` calls `plan_buckets` once, at
-//! construction, and the library checks what it returns; `sync_gradients`
-//! calls `sync_bucket` once per bucket, in bucket order, with a buffer of
-//! `bucket.numel` elements of the bucket's dtype, allocated once.
+//! `SimpleDistributedDataParallelism::with_bucket_caps` in `mod.rs` calls
+//! `plan_buckets` once, at construction, and the library checks what it
+//! returns; `sync_gradients` calls `sync_bucket` once per bucket, in bucket
+//! order, with a buffer of `bucket.numel` elements of the bucket's dtype,
+//! allocated once.
 
 use tch::Tensor;
 

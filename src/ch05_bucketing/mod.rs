@@ -12,22 +12,24 @@
 //! 2. `sync_bucket`: copy a bucket's gradients into one buffer, one
 //!    all-reduce, divide, copy back.
 //!
-//! This file holds the chapter's stage of the wrapper, [`BucketedDdp`]: the
-//! library's [`Replicated`] core (its construction runs the library's replica
-//! check, so you can start here) and its [`GradientBuckets`], which check
-//! your layout (a valid plan, the same on every rank), own the buffers and
-//! run your `sync_bucket` on every bucket. The layout types are the
-//! library's (`src/ddp/layout.rs`).
+//! This file holds the chapter's [`SimpleDistributedDataParallelism`]:
+//! chapter 4's (replicas checked, gradients averaged, `no_sync`; the
+//! library's code of those chapters, so you can start here), whose sync now
+//! goes through [`GradientBuckets`], which check your layout (a valid plan,
+//! the same on every rank), own the buffers and run your `sync_bucket` on
+//! every bucket. The layout types are the library's (`src/ddp/layout.rs`).
 
 use std::ops::Deref;
 
 use tch::nn::{self, Module};
+use tch::Tensor;
 
+use crate::ddp::SyncSwitch;
 use crate::dist::{DistError, Group};
 
 pub use crate::ddp::{
-    Bucket, BucketCaps, BucketingError, GradientBuckets, ParamMeta, Replicated, DEFAULT_BUCKET_CAP_BYTES,
-    DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
+    Bucket, BucketCaps, BucketingError, GradientBuckets, NoSyncGuard, ParamMeta, Replicated,
+    DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
 };
 
 pub mod exercise; // the file you edit
@@ -40,17 +42,20 @@ pub use exercise as learner;
 pub use solution as learner;
 
 // ANCHOR: wrapper
-/// A model replicated on every rank, whose gradients are averaged bucket by
-/// bucket: one all-reduce per bucket instead of one per parameter.
-/// (picotron calls this stage `DataParallelBucket`.) The core's accessors
-/// come through `Deref`.
-pub struct BucketedDdp<M: Module> {
+/// The DDP wrapper as this chapter leaves it: chapter 4's (replicas that
+/// start equal, averaged gradients, `no_sync`), whose gradients are now
+/// averaged bucket by bucket: one all-reduce per bucket instead of one per
+/// parameter. (picotron calls this stage `DataParallelBucket`.) The core's
+/// accessors come through `Deref`.
+pub struct SimpleDistributedDataParallelism<M: Module> {
     replicated: Replicated<M>,
     /// The layout YOUR `learner::plan_buckets` planned, and one buffer per bucket.
     buckets: GradientBuckets,
+    /// Whether `backward` syncs (chapter 4's switch, the library's).
+    switch: SyncSwitch,
 }
 
-impl<M: Module> BucketedDdp<M> {
+impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// Wraps `module` after the replica check, and plans its buckets with
     /// YOUR `learner::plan_buckets` and these caps (`BucketCaps::default()`
     /// are PyTorch's: 1 MiB for the first bucket, 25 MiB for the others). Every rank must call it
@@ -64,7 +69,7 @@ impl<M: Module> BucketedDdp<M> {
         let replicated = Replicated::new(module, vs, pg)?;
         let pg = replicated.process_group().as_ref();
         let buckets = GradientBuckets::plan_with(pg, replicated.parameters(), caps, learner::plan_buckets)?;
-        Ok(BucketedDdp { replicated, buckets })
+        Ok(SimpleDistributedDataParallelism { replicated, buckets, switch: SyncSwitch::new() })
     }
 
     /// Averages every gradient over all ranks, one all-reduce per bucket, in
@@ -76,7 +81,20 @@ impl<M: Module> BucketedDdp<M> {
 }
 // ANCHOR_END: wrapper
 
-impl<M: Module> BucketedDdp<M> {
+impl<M: Module> SimpleDistributedDataParallelism<M> {
+    /// Runs `loss.backward()`, then averages the gradients bucket by bucket
+    /// unless a [`no_sync`](Self::no_sync) scope is open (chapter 4).
+    pub fn backward(&self, loss: &Tensor) -> Result<(), DistError> {
+        self.backward_local(loss)?; // adds to .grad
+        self.switch.sync_if_on(|| self.sync_gradients())
+    }
+
+    /// Opens a scope in which `backward` only accumulates (chapter 4, the
+    /// library's switch): `let _guard = ddp.no_sync();`.
+    pub fn no_sync(&self) -> NoSyncGuard<'_> {
+        self.switch.no_sync()
+    }
+
     /// The bucket layout, in the order the buckets are all-reduced.
     pub fn buckets(&self) -> &[Bucket] {
         self.buckets.layout()
@@ -89,7 +107,7 @@ impl<M: Module> BucketedDdp<M> {
     }
 }
 
-impl<M: Module> Deref for BucketedDdp<M> {
+impl<M: Module> Deref for SimpleDistributedDataParallelism<M> {
     type Target = Replicated<M>;
 
     fn deref(&self) -> &Replicated<M> {

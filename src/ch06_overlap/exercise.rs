@@ -3,7 +3,7 @@
 //!
 //! Check your work: `cargo test --test chapter_06`
 //!
-//! `OverlappedDdp::backward` in `mod.rs` arms the library's driver, whose
+//! `SimpleDistributedDataParallelism::backward` in `mod.rs` arms the library's driver, whose
 //! hooks call `mark_ready` on the backward thread each time a gradient is
 //! final, and `launch_bucket` for each bucket it returns. After backward the
 //! driver marks the parameters that got no gradient (so their buckets leave

@@ -11,9 +11,9 @@
 //! The reference code:  `cargo test --features solutions --test chapter_06`
 //! The benchmark:       `cargo run --release --example bench_overlap`
 //!
-//! This file holds the chapter's stage of the wrapper, [`OverlappedDdp`]: the
-//! library's [`Replicated`] core, chapter 5's bucket layout and chapter 4's
-//! `no_sync` switch (the library's, so you can start here), and the
+//! This file holds the chapter's [`SimpleDistributedDataParallelism`]:
+//! chapter 5's (the library's [`Replicated`] core, bucket layout and
+//! `no_sync` switch, so you can start here), whose buckets now go through the
 //! library's [`OverlappedBuckets`], which hooks every parameter and runs
 //! YOUR three functions: `mark_ready` on the backward thread, from the
 //! hooks; `launch_bucket` for each bucket it returns; `finish_bucket` for
@@ -51,9 +51,10 @@ pub fn learner_steps() -> OverlapSteps {
 }
 
 // ANCHOR: wrapper
-/// A model replicated on every rank whose gradients are averaged in buckets
-/// that leave during backward. The core's accessors come through `Deref`.
-pub struct OverlappedDdp<M: Module> {
+/// The DDP wrapper as this chapter leaves it: chapter 5's (replicas that
+/// start equal, gradients averaged in buckets, `no_sync`), whose buckets now
+/// leave during backward. The core's accessors come through `Deref`.
+pub struct SimpleDistributedDataParallelism<M: Module> {
     replicated: Replicated<M>,
     /// The hooks, the buckets and their progress; runs YOUR steps.
     buckets: OverlappedBuckets,
@@ -61,7 +62,7 @@ pub struct OverlappedDdp<M: Module> {
     find_unused: bool,
 }
 
-impl<M: Module> OverlappedDdp<M> {
+impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// Wraps `module` after the replica check, plans its buckets with these
     /// caps (the library's planner: chapter 5's reference) and hooks every
     /// parameter. Every rank must call it with the same caps.
@@ -75,7 +76,12 @@ impl<M: Module> OverlappedDdp<M> {
         let planned = GradientBuckets::plan(pg.as_ref(), replicated.parameters(), caps)?;
         let buckets = OverlappedBuckets::with_steps(pg, replicated.parameters(), planned, learner_steps())
             .map_err(BucketingError::Dist)?;
-        Ok(OverlappedDdp { replicated, buckets, switch: SyncSwitch::new(), find_unused: false })
+        Ok(SimpleDistributedDataParallelism {
+            replicated,
+            buckets,
+            switch: SyncSwitch::new(),
+            find_unused: false,
+        })
     }
 
     /// Runs `loss.backward()`. Unless a `no_sync` scope is open, the hooks
@@ -92,7 +98,7 @@ impl<M: Module> OverlappedDdp<M> {
 }
 // ANCHOR_END: wrapper
 
-impl<M: Module> OverlappedDdp<M> {
+impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// Opens a scope in which `backward` only accumulates (chapter 4).
     pub fn no_sync(&self) -> NoSyncGuard<'_> {
         self.switch.no_sync()
@@ -129,7 +135,7 @@ impl<M: Module> OverlappedDdp<M> {
     }
 }
 
-impl<M: Module> Deref for OverlappedDdp<M> {
+impl<M: Module> Deref for SimpleDistributedDataParallelism<M> {
     type Target = Replicated<M>;
 
     fn deref(&self) -> &Replicated<M> {

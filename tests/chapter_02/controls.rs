@@ -12,7 +12,7 @@ use super::{all_tensors, run, SEED, SIZES};
 
 #[test]
 fn negative_control_without_the_check_different_seeds_really_differ() {
-    // Nobody calls replicate() here: this shows what the check protects against.
+    // Nobody wraps a model here: this shows what the check protects against.
     let (per_rank, _) = run(2, |pg| {
         let (vs, _mlp) = Mlp::seeded(SEED + pg.rank() as i64, SIZES, Kind::Double);
         Ok(all_tensors(&vs))

@@ -10,7 +10,7 @@
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use ddp_workbook::ch04_accumulation::{
-    learner, micro_batch_size, split_micro_batches, AccumulatingDdp, AccumulationError,
+    learner, micro_batch_size, split_micro_batches, AccumulationError, SimpleDistributedDataParallelism,
 };
 use ddp_workbook::check::{max_reference_diff, snapshot};
 use ddp_workbook::models::Mlp;
@@ -20,7 +20,7 @@ use super::training::*;
 use crate::common::gradients;
 
 /// Opens a no_sync scope, then leaves it early through `?`.
-fn leave_early(ddp: &AccumulatingDdp<Mlp>) -> Result<(), String> {
+fn leave_early(ddp: &SimpleDistributedDataParallelism<Mlp>) -> Result<(), String> {
     let _guard = ddp.no_sync();
     Err("an error in the middle of the scope".to_string())?;
     unreachable!("`?` returns before this line")
@@ -30,7 +30,7 @@ fn leave_early(ddp: &AccumulatingDdp<Mlp>) -> Result<(), String> {
 fn no_sync_restores_the_previous_state_on_every_way_out() {
     run(2, |pg| {
         let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
-        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
+        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
         let on = || ddp.require_backward_grad_sync();
         anyhow::ensure!(on(), "the switch must start on");
         {
@@ -116,7 +116,7 @@ fn bad_input_gets_a_clear_error_not_a_panic() {
     run(2, |pg| {
         let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
         let mut opt = Optim::Sgd.build(&vs)?;
-        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
+        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
         let (before, calls) = (snapshot(ddp.parameters()), ddp.process_group().stats().all_reduce);
         let (x, y) = rows_of_zeros(); // Tensors are not Sync: each rank makes its own
         let unequal = vec![(x.narrow(0, 0, 4), y.narrow(0, 0, 4)), (x.narrow(0, 4, 2), y.narrow(0, 4, 2))];
@@ -159,7 +159,7 @@ fn a_refused_step_leaves_the_gradients_alone() {
     run(2, |pg| {
         let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
         let mut opt = Optim::Sgd.build(&vs)?;
-        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
+        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
         // Gradients from an earlier backward, which the caller may still want.
         let x = Tensor::ones([2, 4], (Kind::Double, Device::Cpu)); // [2, 4]
         ddp.backward_local(&ddp.forward(&x).sum(Kind::Double))?;
@@ -199,7 +199,7 @@ fn accumulate_and_step_leaves_the_sync_switch_as_it_found_it() {
     run(2, |pg| {
         let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
         let mut opt = Optim::Sgd.build(&vs)?;
-        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
+        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
         // A loss without autograd history: the first backward fails, on every
         // rank alike, in the middle of the micro-steps.
         let no_history = |prediction: &Tensor, target: &Tensor| mse(prediction, target).detach();

@@ -6,7 +6,9 @@
 //!
 //! Compiled into `cargo test --test chapter_04` (see `tests/chapter_04.rs`).
 
-use ddp_workbook::ch04_accumulation::{learner, micro_batch_size, split_micro_batches, AccumulatingDdp};
+use ddp_workbook::ch04_accumulation::{
+    learner, micro_batch_size, split_micro_batches, SimpleDistributedDataParallelism,
+};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, max_reference_diff, snapshot};
 use ddp_workbook::data::Regression;
 use ddp_workbook::models::Mlp;
@@ -52,7 +54,7 @@ fn mlp() -> (nn::VarStore, Mlp) {
 
 /// The loops other than the chapter's, written out for comparison.
 fn other_step(
-    ddp: &AccumulatingDdp<Mlp>,
+    ddp: &SimpleDistributedDataParallelism<Mlp>,
     opt: &mut nn::Optimizer,
     micro: &[(Tensor, Tensor)],
     how: Loop,
@@ -86,7 +88,7 @@ pub fn train_ddp(n: usize, k: i64, optim: Optim, how: Loop) -> Vec<Vec<Step>> {
         let (vs, model) = mlp();
         let mut opt = optim.build(&vs)?;
         let rank = pg.rank() as i64;
-        let ddp = AccumulatingDdp::new(model, &vs, pg)?;
+        let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg)?;
         let mut steps = vec![];
         for step in 0..STEPS as i64 {
             let micro = micro_batch_size(GLOBAL_BATCH, n, k)?; // rows per micro-batch

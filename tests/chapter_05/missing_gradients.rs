@@ -4,7 +4,7 @@
 //!
 //! Compiled into `cargo test --test chapter_05` (see `tests/chapter_05.rs`).
 
-use ddp_workbook::ch05_bucketing::{BucketCaps, BucketedDdp};
+use ddp_workbook::ch05_bucketing::{BucketCaps, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_to_reference, snapshot};
 use ddp_workbook::ddp::naive;
 use ddp_workbook::dist::{spawn_with, SpawnError};
@@ -28,7 +28,7 @@ fn used_in_step_1_only(bucketed: bool) -> Result<Vec<Record>, SpawnError> {
         let (rank, data) = (pg.rank() as i64, data());
         let (vs, model) = mlp_with_unused();
         let mut optimizer = Optim::Sgd.build(&vs)?;
-        let ddp = BucketedDdp::with_bucket_caps(model, &vs, pg, BucketCaps::default())?;
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, BucketCaps::default())?;
         let unused =
             ddp.parameters().iter().find(|(n, _)| n == "unused").expect("the model has it").1.shallow_clone();
         let mut record = Record::new();

@@ -1,10 +1,11 @@
 //! Chapter 05 tests, shared part: the models, the data, and a training loop
-//! that syncs the gradients one of four ways (bucketed, naive, not at all,
-//! broken) and records what every rank did at every step.
+//! that syncs the gradients one of five ways (bucketed, naive, not at all,
+//! broken, bucketed after accumulating under `no_sync`) and records what
+//! every rank did at every step.
 //!
 //! Compiled into `cargo test --test chapter_05` (see `tests/chapter_05.rs`).
 
-use ddp_workbook::ch05_bucketing::{BucketCaps, BucketedDdp};
+use ddp_workbook::ch05_bucketing::{BucketCaps, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
 use ddp_workbook::ddp::naive;
@@ -58,6 +59,9 @@ pub enum Sync {
     None,
     /// Negative control: buckets all-reduced, but never copied back.
     NoCopyBack,
+    /// Two micro-batches per step through the wrapper's `backward`, the
+    /// first inside `no_sync` (chapter 4's switch, kept by this stage).
+    Accumulated,
 }
 
 pub fn mlp() -> (VarStore, Mlp) {
@@ -139,19 +143,30 @@ pub fn train<M: Module>(
         let (rank, data) = (pg.rank() as i64, data());
         let (vs, model) = build();
         let mut optimizer = optim.build(&vs)?;
-        let ddp = BucketedDdp::with_bucket_caps(model, &vs, pg, caps)?;
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, caps)?;
         let mut run = RankRun { buckets: ddp.bucket_names(), ..RankRun::default() };
         for step in 0..STEPS as i64 {
             let before = ddp.stats();
             let rows = GLOBAL_BATCH / world_size as i64; // every rank gets as many rows
             let (x, y) = data.batch(step * GLOBAL_BATCH + rank * rows, rows); // [rows, 4], [rows, 1]
             optimizer.zero_grad();
-            ddp.backward_local(&mse(&ddp.forward(&x), &y))?;
+            if sync == Sync::Accumulated {
+                let (halves_x, halves_y) = (x.chunk(2, 0), y.chunk(2, 0)); // 2 x [rows / 2, ..]
+                {
+                    let _no_sync = ddp.no_sync(); // accumulates, sends nothing
+                    ddp.backward(&(mse(&ddp.forward(&halves_x[0]), &halves_y[0]) / 2.0))?;
+                }
+                ddp.backward(&(mse(&ddp.forward(&halves_x[1]), &halves_y[1]) / 2.0))?;
+            // syncs the sums
+            } else {
+                ddp.backward_local(&mse(&ddp.forward(&x), &y))?;
+            }
             match sync {
                 Sync::Bucketed => ddp.sync_gradients()?, // one all-reduce per bucket
                 Sync::Naive => naive::sync_gradients(ddp.process_group().as_ref(), ddp.parameters())?,
                 Sync::None => {}
                 Sync::NoCopyBack => sync_without_copy_back(&ddp)?,
+                Sync::Accumulated => {} // `backward` synced already
             }
             optimizer.step();
             let after = ddp.stats();
@@ -170,7 +185,7 @@ pub fn train<M: Module>(
 /// A broken bucketed sync for the negative control: it averages each bucket
 /// in a flat copy and then forgets to copy the result back, so every rank
 /// steps with its own, local gradients.
-fn sync_without_copy_back<M: Module>(ddp: &BucketedDdp<M>) -> Result<(), DistError> {
+fn sync_without_copy_back<M: Module>(ddp: &SimpleDistributedDataParallelism<M>) -> Result<(), DistError> {
     let pg = ddp.process_group();
     tch::no_grad(|| {
         for bucket in ddp.buckets() {

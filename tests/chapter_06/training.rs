@@ -1,5 +1,5 @@
 //! Chapter 06 tests, part 2: training with all three steps, on the chapter's
-//! `OverlappedDdp`. Compiled into `cargo test --test chapter_06` (see
+//! `SimpleDistributedDataParallelism`. Compiled into `cargo test --test chapter_06` (see
 //! `tests/chapter_06.rs`).
 //!
 //! Why bitwise. Your buckets hold the same gradients at the same offsets as
@@ -10,7 +10,7 @@ use super::common::{
     global_batches, mlp_with_an_unused_parameter, mse, run, spawn_options, train_single_process, Named,
     Optim, TOLERANCE,
 };
-use ddp_workbook::ch06_overlap::{BucketCaps, OverlappedDdp};
+use ddp_workbook::ch06_overlap::{BucketCaps, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
 use ddp_workbook::ddp::{sync_bucket, GradientBuckets};
@@ -46,7 +46,7 @@ fn micro_batches(pg: &Group, step: usize, k: i64) -> Vec<(Tensor, Tensor)> {
 fn train_overlapped(pg: Group, optim: Optim, k: i64) -> anyhow::Result<(Vec<Named>, Vec<u64>)> {
     let (vs, model) = mlp();
     let mut optimizer = optim.build(&vs)?;
-    let ddp = OverlappedDdp::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
+    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
     anyhow::ensure!(ddp.buckets().len() >= 3, "the test wants several buckets");
     let (mut after, mut during_no_sync) = (vec![], vec![]);
     for step in 0..STEPS {
@@ -116,7 +116,8 @@ fn the_overlapped_step_equals_chapter_5_bitwise_and_one_process_within_tolerance
 fn buckets_leave_in_bucket_order_and_the_first_while_backward_still_runs() {
     let per_rank = run(2, |pg| {
         let (vs, model) = mlp();
-        let ddp = OverlappedDdp::with_bucket_caps(model, &vs, pg.clone(), CAPS)?.keep_layout();
+        let ddp =
+            SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?.keep_layout();
         let (x, y) = &micro_batches(&pg, 0, 1)[0];
         ddp.backward(&mse(&ddp.forward(x), y))?;
         let sizes: Vec<usize> = ddp.buckets().iter().map(|b| b.params.len()).collect();
@@ -179,8 +180,8 @@ fn step_with_unused(
 ) -> anyhow::Result<Result<UnusedStep, String>> {
     let (vs, model) = mlp_with_an_unused_parameter(5, SIZES);
     let mut optimizer = Optim::Sgd.build(&vs)?;
-    let ddp =
-        OverlappedDdp::with_bucket_caps(model, &vs, pg.clone(), CAPS)?.find_unused_parameters(find_unused);
+    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?
+        .find_unused_parameters(find_unused);
     let unused =
         ddp.parameters().iter().find(|(n, _)| n == "unused").expect("the model has it").1.shallow_clone();
     let (x, y) = &micro_batches(&pg, 0, 1)[0];

@@ -5,9 +5,9 @@
 //! holds bitwise the same parameters (all-gathered and compared), and they
 //! equal one process trained on the whole global batch, within TOLERANCE.
 
-use ddp_workbook::ch03_averaging::{self as ch03, NaiveDdp};
-use ddp_workbook::ch04_accumulation::{learner as ch04, AccumulatingDdp};
-use ddp_workbook::ch05_bucketing::{BucketCaps, BucketedDdp};
+use ddp_workbook::ch03_averaging::{self as ch03};
+use ddp_workbook::ch04_accumulation::{self as ch04};
+use ddp_workbook::ch05_bucketing::{self as ch05, BucketCaps};
 use ddp_workbook::ch07_sharding::{self as ch07, rows, DistributedSampler, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
@@ -69,7 +69,7 @@ fn check(
 fn chapter_3(pg: &Group, optim: Optim) -> anyhow::Result<()> {
     let (expected, (vs, model)) = (reference(optim), mlp());
     let mut optimizer = optim.build(&vs)?;
-    let ddp = NaiveDdp::new(model, &vs, pg.clone())?;
+    let ddp = ch03::SimpleDistributedDataParallelism::new(model, &vs, pg.clone())?;
     for (step, expected) in expected.iter().enumerate() {
         let (x, y) = my_rows(pg.as_ref(), step);
         ch03::train_step(&ddp, &mut optimizer, &x, &y, mse)?;
@@ -81,12 +81,12 @@ fn chapter_3(pg: &Group, optim: Optim) -> anyhow::Result<()> {
 fn chapter_4(pg: &Group) -> anyhow::Result<()> {
     let (expected, (vs, model)) = (reference(Optim::Adam), mlp());
     let mut optimizer = Optim::Adam.build(&vs)?;
-    let ddp = AccumulatingDdp::new(model, &vs, pg.clone())?;
+    let ddp = ch04::SimpleDistributedDataParallelism::new(model, &vs, pg.clone())?;
     let k = if pg.world_size() == 2 { 3 } else { 2 }; // micro-batches of 2 rows
     for (step, expected) in expected.iter().enumerate() {
         let (x, y) = my_rows(pg.as_ref(), step);
         let micro: Vec<(Tensor, Tensor)> = x.chunk(k, 0).into_iter().zip(y.chunk(k, 0)).collect();
-        ch04::accumulate_and_step(&ddp, &mut optimizer, &micro, mse)?;
+        ch04::learner::accumulate_and_step(&ddp, &mut optimizer, &micro, mse)?;
         check(pg.as_ref(), "chapter 4", ddp.parameters(), expected, step + 1)?;
     }
     Ok(())
@@ -95,7 +95,7 @@ fn chapter_4(pg: &Group) -> anyhow::Result<()> {
 fn chapter_5(pg: &Group) -> anyhow::Result<()> {
     let (expected, (vs, model)) = (reference(Optim::Adam), mlp());
     let mut optimizer = Optim::Adam.build(&vs)?;
-    let ddp = BucketedDdp::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
+    let ddp = ch05::SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
     anyhow::ensure!(ddp.buckets().len() > 2, "the test wants several buckets, got {}", ddp.buckets().len());
     for (step, expected) in expected.iter().enumerate() {
         let (x, y) = my_rows(pg.as_ref(), step);
