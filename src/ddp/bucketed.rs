@@ -1,11 +1,15 @@
 //! The bucketed gradient sync: a model's gradients travel in a few flat
-//! buffers, one all-reduce per bucket ([`GradientBuckets`]). Chapter 5 of the
-//! book builds [`sync_bucket`]; the layout comes from `layout.rs`.
+//! buffers, one all-reduce per bucket. Here a [`GradientBuckets`] is planned
+//! (its layout from `layout.rs`, checked to be the same on every rank) and
+//! synced by copying, bucket by bucket, with chapter 5's [`sync_bucket`];
+//! the buckets themselves, and the sync that copies nothing, are in
+//! `buckets.rs`.
 //!
 //! Tested by `cargo test --test chapter_05`.
 
 use tch::Tensor;
 
+use super::buckets::GradientBuckets;
 use super::layout::{self, plan_buckets, Bucket, BucketCaps, ParamMeta};
 use super::replicas::InitError;
 use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp};
@@ -51,16 +55,6 @@ pub type SyncBucket =
     fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[(String, Tensor)]) -> Result<(), DistError>;
 
 // ANCHOR: gradient_buckets
-/// A model's bucket layout, planned once and the same on every rank, with
-/// one flat buffer per bucket, `[bucket.numel]`, allocated once and reused
-/// every step.
-pub struct GradientBuckets {
-    pub(super) layout: Vec<Bucket>,
-    pub(super) buffers: Vec<Tensor>,
-    /// The caps it was planned with, kept for a re-plan (`replan.rs`).
-    pub(super) caps: BucketCaps,
-}
-
 impl GradientBuckets {
     /// Plans the buckets of `params` with [`plan_buckets`].
     pub fn plan(
@@ -103,8 +97,7 @@ impl GradientBuckets {
         let layout = planner(&metas, caps.cap_bytes, caps.first_cap_bytes);
         layout::check_plan(&metas, &layout).map_err(BucketingError::BadPlan)?;
         check_same_layout(pg, caps, &layout)?;
-        let buffers = layout.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
-        Ok(GradientBuckets { layout, buffers, caps })
+        Ok(GradientBuckets::allocate(params, layout, caps))
     }
 
     /// Averages every gradient over all ranks, one all-reduce per bucket, in
@@ -116,31 +109,18 @@ impl GradientBuckets {
         params: &[(String, Tensor)],
         sync: SyncBucket,
     ) -> Result<(), DistError> {
-        for (index, (bucket, buffer)) in self.layout.iter().zip(&self.buffers).enumerate() {
+        for (index, bucket) in self.layout().iter().enumerate() {
             // A second handle on the same storage: the sync needs `&mut`, and
             // `&self` is what lets backward run inside a no_sync scope.
-            let mut buffer = buffer.shallow_clone();
+            let mut buffer = self.buffer(index);
             // Named, so that ranks whose buckets pair up wrongly get an error.
             tagged(format!("bucket {index}"), || sync(pg, bucket, &mut buffer, params))?;
-            check_missing_gradients(pg, bucket, &buffer, params)?;
+            self.check_missing_gradients(pg, index, params)?;
         }
         Ok(())
     }
 }
 // ANCHOR_END: gradient_buckets
-
-impl GradientBuckets {
-    /// The layout, in the order the buckets are all-reduced.
-    pub fn layout(&self) -> &[Bucket] {
-        &self.layout
-    }
-
-    /// The names of each bucket's parameters, in buffer order: the layout as
-    /// a person reads it.
-    pub fn names(&self, params: &[(String, Tensor)]) -> Vec<Vec<String>> {
-        self.layout.iter().map(|b| b.params.iter().map(|&p| params[p].0.clone()).collect()).collect()
-    }
-}
 
 // ANCHOR: sync_bucket
 /// Averages the gradients of one bucket's parameters over all ranks with a
@@ -155,12 +135,17 @@ pub fn sync_bucket(
     params: &[(String, Tensor)],
 ) -> Result<(), DistError> {
     tch::no_grad(|| {
-        // 1. Copy in. The slots follow `bucket.params`, back to back.
-        let mut offset = 0;
-        for &index in &bucket.params {
+        // The slots follow `bucket.params`, back to back: cut the buffer at
+        // the members' sizes, into views ([numel] each).
+        let numels: Vec<i64> = bucket.params.iter().map(|&index| params[index].1.numel() as i64).collect();
+        let slots = buffer
+            .f_split_with_sizes(numels.as_slice(), 0)
+            .map_err(torch_error(pg, "cutting a bucket into slots"))?;
+
+        // 1. Copy in.
+        for (&index, slot) in bucket.params.iter().zip(&slots) {
             let (name, param) = &params[index];
-            let numel = param.numel() as i64;
-            let mut slot = buffer.narrow(0, offset, numel); // [numel], a view into the buffer
+            let mut slot = slot.shallow_clone();
             let grad = param.grad();
             let copied = if grad.defined() {
                 grad.f_reshape([-1]).and_then(|flat| slot.f_copy_(&flat)) // [numel]
@@ -172,7 +157,6 @@ pub fn sync_bucket(
             // (A closure, so that the message is only formatted on an error.)
             let op = || format!("copying the gradient of `{name}` into its bucket");
             copied.map_err(|source| torch_error(pg, op())(source))?;
-            offset += numel;
         }
 
         // 2. One collective for the whole bucket, then the mean.
@@ -182,19 +166,15 @@ pub fn sync_bucket(
             .map_err(torch_error(pg, "dividing a bucket by the world size"))?;
 
         // 3. Copy out, slot by slot, into the gradients that exist.
-        let mut offset = 0;
-        for &index in &bucket.params {
+        for (&index, slot) in bucket.params.iter().zip(&slots) {
             let (name, param) = &params[index];
-            let numel = param.numel() as i64;
             let mut grad = param.grad(); // a handle sharing the gradient's storage
             if grad.defined() {
-                let slot = buffer.narrow(0, offset, numel); // [numel]
                 let op = || format!("copying the bucket back into the gradient of `{name}`");
                 slot.f_view_as(&grad) // the gradient's shape
                     .and_then(|averaged| grad.f_copy_(&averaged))
                     .map_err(|source| torch_error(pg, op())(source))?;
             }
-            offset += numel;
         }
         Ok(())
     })
@@ -229,39 +209,6 @@ fn check_same_layout(
             describe(&all[r])
         );
         return Err(BucketingError::LayoutsDiffer(detail));
-    }
-    Ok(())
-}
-
-/// A parameter without a gradient on this rank sent zeros. If its averaged
-/// slot is not zero, another rank did compute a gradient for it: the others
-/// will update it and this rank will not, and the replicas drift apart
-/// silently. Turn that into an error that names the parameter.
-pub(super) fn check_missing_gradients(
-    pg: &dyn ProcessGroup,
-    bucket: &Bucket,
-    buffer: &Tensor,
-    params: &[(String, Tensor)],
-) -> Result<(), DistError> {
-    let mut offset = 0;
-    for &index in &bucket.params {
-        let (name, param) = &params[index];
-        let numel = param.numel() as i64;
-        if !param.grad().defined() && numel > 0 {
-            let largest = tch::no_grad(|| buffer.narrow(0, offset, numel).abs().max().double_value(&[]));
-            if largest != 0.0 {
-                let detail = format!(
-                    "`{name}` has no gradient on rank {} (it took no part in this rank's loss), but \
-                     the averaged bucket holds values up to {largest:e} for it: other ranks used it. \
-                     Then they update it and this rank does not. Use every parameter in the loss on \
-                     every rank (or on none). If this rank is right, check that sync_bucket fills \
-                     the slot of a parameter without gradient with zeros.",
-                    pg.rank()
-                );
-                return Err(DistError::Invalid { rank: pg.rank(), op: "sync_gradients".into(), detail });
-            }
-        }
-        offset += numel;
     }
     Ok(())
 }

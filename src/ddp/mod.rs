@@ -10,10 +10,11 @@
 //! | the `no_sync` switch and guard: [`SyncSwitch`], [`NoSyncGuard`] | `no_sync.rs` | 4 |
 //! | batch arithmetic: [`micro_batch_size`], [`split_micro_batches`] | `batch.rs` | 4 |
 //! | bucket layouts: [`plan_buckets`], [`Bucket`], [`BucketCaps`] | `layout.rs` | 5 |
-//! | the bucketed sync: [`GradientBuckets`], [`sync_bucket`] | `bucketed.rs` | 5 |
+//! | the buckets, gradients kept in them: [`GradientBuckets`] | `buckets.rs` | 5, 6 |
+//! | planning them, and the copying sync: [`sync_bucket`] | `bucketed.rs` | 5 |
 //! | the sampler: [`DistributedSampler`], [`epoch_shard`], [`shard_indices`] | `sampler.rs` | 7 |
 //! | buckets that leave during backward: [`OverlappedBuckets`] | `overlap.rs` | 6 |
-//! | its three steps: [`mark_ready`], [`launch_bucket`], [`finish_bucket`] | `overlap_steps.rs` | 6 |
+//! | its pluggable steps: [`mark_ready`], [`OverlapSteps`] | `overlap_steps.rs` | 6 |
 //! | buckets re-planned from the observed order: [`agree_on_order`] | `replan.rs` | 6 |
 //! | the unused-parameter check at the end of backward | `unused.rs` | 6 |
 //! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 7 |
@@ -37,8 +38,8 @@
 //! ```
 
 mod batch;
-mod bucket_views;
 mod bucketed;
+mod buckets;
 mod layout;
 pub mod naive;
 mod no_sync;
@@ -53,17 +54,15 @@ mod unused;
 mod wrapper;
 
 pub use batch::{check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError};
-pub use bucketed::{sync_bucket, BucketingError, GradientBuckets, PlanBuckets, SyncBucket};
+pub use bucketed::{sync_bucket, BucketingError, PlanBuckets, SyncBucket};
+pub use buckets::{FlatGroups, GradientBuckets};
 pub use layout::{
     check_plan, layout_fingerprint, plan_buckets, Bucket, BucketCaps, ParamMeta, DEFAULT_BUCKET_CAP_BYTES,
     DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
 };
 pub use no_sync::{BeginNoSync, NoSyncGuard, SyncSwitch};
 pub use overlap::{Launch, OverlappedBuckets, StepRecord};
-pub use overlap_steps::{
-    finish_bucket, launch_bucket, mark_ready, BucketProgress, FinishBucket, LaunchBucket, MarkReady,
-    OverlapSteps,
-};
+pub use overlap_steps::{mark_ready, BucketProgress, FinishBucket, LaunchBucket, MarkReady, OverlapSteps};
 pub use replan::agree_on_order;
 pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, Named, ReplicaCheck};
 pub use replicated::Replicated;

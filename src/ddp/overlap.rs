@@ -2,9 +2,10 @@
 //! hook on every parameter marks it; when a bucket's last member is ready,
 //! and every bucket before it has left, its asynchronous all-reduce starts
 //! while backward goes on computing the earlier layers. After backward,
-//! [`OverlappedBuckets::finish`] waits for them all and divides. The three
-//! steps are functions ([`OverlapSteps`]): the library's keep gradients as
-//! views of their buckets; chapter 6 plugs in the learner's.
+//! [`OverlappedBuckets::finish`] waits for them all and divides. The library
+//! launches and finishes a bucket with [`GradientBuckets`]' own methods,
+//! which keep the gradients in the buckets; chapter 6 plugs in the
+//! learner's three steps instead ([`OverlapSteps`]).
 //!
 //! After the first synced step the buckets are re-planned from the order in
 //! which the gradients became ready (`replan.rs`).
@@ -16,9 +17,9 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::bucketed::GradientBuckets;
+use super::buckets::{FlatGroups, GradientBuckets};
 use super::layout::Bucket;
-use super::overlap_steps::{BucketProgress, OverlapSteps};
+use super::overlap_steps::{mark_ready, BucketProgress, OverlapSteps};
 use super::replan::agree_on_order;
 use super::unused::{end_of_backward_check, EndOfBackward};
 use crate::autograd::GradReadyHooks;
@@ -30,7 +31,8 @@ struct Progress {
     pg: Group,
     buckets: GradientBuckets,
     params: Vec<(String, Tensor)>,
-    steps: OverlapSteps,
+    /// The learner's steps (chapter 6), or `None`: the library's.
+    plugged: Option<OverlapSteps>,
     state: BucketProgress,
     /// The launched buckets' handles, in launch order.
     works: Vec<(usize, Work)>,
@@ -62,7 +64,8 @@ impl Progress {
             self.record.ready_order.push(index);
         }
         self.interrupted = true;
-        for b in (self.steps.mark_ready)(&mut self.state, index) {
+        let mark_ready = self.plugged.map_or(mark_ready as super::MarkReady, |steps| steps.mark_ready);
+        for b in mark_ready(&mut self.state, index) {
             if let Err(error) = self.launch(b) {
                 self.error = Some(error);
                 break;
@@ -83,10 +86,10 @@ impl Progress {
             );
             return Err(DistError::Invalid { rank: self.pg.rank(), op: "launching a bucket".into(), detail });
         }
-        let (pg, bucket) = (self.pg.clone(), &self.buckets.layout[b]);
-        let mut buffer = self.buckets.buffers[b].shallow_clone();
-        let work = tagged(format!("{}, bucket {b}", self.tag), || {
-            (self.steps.launch_bucket)(pg.as_ref(), bucket, &mut buffer, &self.params)
+        let (pg, buckets, params) = (self.pg.as_ref(), &self.buckets, &self.params);
+        let work = tagged(format!("{}, bucket {b}", self.tag), || match &self.plugged {
+            None => buckets.launch_bucket(pg, b, params),
+            Some(steps) => (steps.launch_bucket)(pg, &buckets.layout()[b], &mut buckets.buffer(b), params),
         })?;
         self.works.push((b, work));
         let gradients_ready = self.record.ready_order.len();
@@ -125,7 +128,7 @@ impl OverlappedBuckets {
     /// Hooks every parameter of `params` (planned into `buckets`), with the
     /// library's steps.
     pub fn new(pg: Group, params: &[(String, Tensor)], buckets: GradientBuckets) -> Result<Self, DistError> {
-        Self::with_steps(pg, params, buckets, OverlapSteps::default())
+        Self::hooked(pg, params, buckets, None)
     }
 
     /// [`new`](Self::new) with other steps (chapter 6: the learner's).
@@ -135,12 +138,21 @@ impl OverlappedBuckets {
         buckets: GradientBuckets,
         steps: OverlapSteps,
     ) -> Result<Self, DistError> {
+        Self::hooked(pg, params, buckets, Some(steps))
+    }
+
+    fn hooked(
+        pg: Group,
+        params: &[(String, Tensor)],
+        buckets: GradientBuckets,
+        plugged: Option<OverlapSteps>,
+    ) -> Result<Self, DistError> {
         let progress = Arc::new(Mutex::new(Progress {
             pg: pg.clone(),
             state: BucketProgress::new(buckets.layout(), params.len()),
             buckets,
             params: params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect(),
-            steps,
+            plugged,
             works: vec![],
             armed: false,
             tag: String::new(),
@@ -207,7 +219,7 @@ impl OverlappedBuckets {
         let unused = p.state.not_ready();
         unused.iter().for_each(|&i| p.mark(i)); // their slots are zeros
         let mut result = p.error.take().map_or(Ok(()), Err);
-        let (launched, count) = (p.works.len(), p.buckets.layout.len());
+        let (launched, count) = (p.works.len(), p.buckets.layout().len());
         if result.is_ok() && launched < count {
             let detail = format!(
                 "every parameter is marked ready, but only {launched} of {count} buckets left: \
@@ -219,9 +231,13 @@ impl OverlappedBuckets {
         let pg = p.pg.clone();
         for (b, work) in works {
             // Every one is finished, even after an error: the peers wait for it.
-            let mut buffer = p.buckets.buffers[b].shallow_clone();
-            let finished =
-                (p.steps.finish_bucket)(pg.as_ref(), &p.buckets.layout[b], &mut buffer, work, &p.params);
+            let finished = match &p.plugged {
+                None => p.buckets.finish_bucket(pg.as_ref(), b, work),
+                Some(steps) => {
+                    let (bucket, mut buffer) = (&p.buckets.layout()[b], p.buckets.buffer(b));
+                    (steps.finish_bucket)(pg.as_ref(), bucket, &mut buffer, work, &p.params)
+                }
+            };
             result = result.and(finished);
         }
         let Progress { state, buckets, .. } = &mut *p;
@@ -239,7 +255,7 @@ impl OverlappedBuckets {
         if std::mem::replace(&mut p.replan_pending, false) {
             let order = agree_on_order(pg.as_ref(), &p.record.ready_order, p.params.len())?;
             let Progress { buckets, params, .. } = &mut *p;
-            if buckets.replan_in_order(params, &order) {
+            if buckets.replan_in_order(pg.as_ref(), params, &order)?.is_some() {
                 p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
             }
         }
@@ -282,7 +298,7 @@ impl OverlappedBuckets {
     }
 
     /// Each bucket's members and its buffer (see [`GradientBuckets::flat_groups`]).
-    pub fn flat_groups(&self) -> Vec<(Vec<usize>, Tensor)> {
+    pub fn flat_groups(&self) -> FlatGroups {
         self.lock().buckets.flat_groups()
     }
 }

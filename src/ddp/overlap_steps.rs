@@ -1,17 +1,18 @@
 //! The three steps of an overlapped sync, as functions that
-//! [`OverlappedBuckets`](super::OverlappedBuckets) calls: [`mark_ready`]
+//! [`OverlappedBuckets`](super::OverlappedBuckets) can call: `mark_ready`
 //! (a hook says a gradient is final: which buckets may leave now?),
-//! [`launch_bucket`] (start one bucket's all-reduce) and [`finish_bucket`]
+//! `launch_bucket` (start one bucket's all-reduce) and `finish_bucket`
 //! (after backward: wait for it and divide). Chapter 6 of the book has the
-//! learner write all three; the library's launch and finish keep gradients
-//! as views of their buckets, so they copy nothing.
+//! learner write all three. The library's [`mark_ready`] is here; its
+//! launch and finish are methods of `GradientBuckets` (`buckets.rs`), which
+//! keep gradients in their buckets, so they copy nothing.
 //!
 //! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
 
 use tch::Tensor;
 
 use super::layout::Bucket;
-use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
+use crate::dist::{DistError, ProcessGroup, Work};
 
 // ANCHOR: progress
 /// Where one backward pass stands: which gradients are ready, how many each
@@ -65,19 +66,16 @@ pub type LaunchBucket =
 pub type FinishBucket =
     fn(&dyn ProcessGroup, &Bucket, &mut Tensor, Work, &[(String, Tensor)]) -> Result<(), DistError>;
 
-/// The three steps an [`OverlappedBuckets`](super::OverlappedBuckets) runs.
+/// Three steps an [`OverlappedBuckets`](super::OverlappedBuckets) can run
+/// instead of the library's (chapter 6: the learner's). The library's own
+/// launch and finish are [`GradientBuckets`](super::GradientBuckets)'
+/// `launch_bucket` and `finish_bucket`, which keep the gradients in the
+/// buckets; its readiness rule is [`mark_ready`].
 #[derive(Clone, Copy)]
 pub struct OverlapSteps {
     pub mark_ready: MarkReady,
     pub launch_bucket: LaunchBucket,
     pub finish_bucket: FinishBucket,
-}
-
-impl Default for OverlapSteps {
-    /// The library's: gradients are views of their buckets.
-    fn default() -> Self {
-        OverlapSteps { mark_ready, launch_bucket, finish_bucket }
-    }
 }
 
 // ANCHOR: mark_ready
@@ -100,63 +98,3 @@ pub fn mark_ready(progress: &mut BucketProgress, param: usize) -> Vec<usize> {
     launch
 }
 // ANCHOR_END: mark_ready
-
-/// Makes every gradient of `bucket` a view of its slot in `buffer` (a
-/// gradient not yet one is copied in and re-pointed; a missing one leaves
-/// zeros in its slot and stays missing), then starts the buffer's SUM.
-pub fn launch_bucket(
-    pg: &dyn ProcessGroup,
-    bucket: &Bucket,
-    buffer: &mut Tensor,
-    params: &[(String, Tensor)],
-) -> Result<Work, DistError> {
-    tch::no_grad(|| {
-        attach_bucket(pg, bucket, buffer, params)?;
-        pg.all_reduce_async(buffer, ReduceOp::Sum)
-    })
-}
-
-/// Waits for the bucket's all-reduce and divides it by the world size: the
-/// gradients are views of it, so they hold the average.
-pub fn finish_bucket(
-    pg: &dyn ProcessGroup,
-    _bucket: &Bucket,
-    buffer: &mut Tensor,
-    work: Work,
-    _params: &[(String, Tensor)],
-) -> Result<(), DistError> {
-    work.wait()?;
-    let _ = tch::no_grad(|| buffer.f_div_scalar_(pg.world_size() as f64))
-        .map_err(torch_error(pg, "dividing a bucket by the world size"))?;
-    Ok(())
-}
-
-/// Makes `bucket`'s gradients views of their slots of `buffer` (see
-/// `bucket_views.rs`, which explains why).
-pub(super) fn attach_bucket(
-    pg: &dyn ProcessGroup,
-    bucket: &Bucket,
-    buffer: &Tensor,
-    params: &[(String, Tensor)],
-) -> Result<(), DistError> {
-    let mut offset = 0;
-    for &member in &bucket.params {
-        let (name, param) = &params[member];
-        let numel = param.numel() as i64;
-        let mut slot = buffer.narrow(0, offset, numel); // [numel], a view of the bucket
-        let mut grad = param.grad();
-        let placed = if !grad.defined() {
-            slot.f_zero_().map(|_| ())
-        } else if grad.data_ptr() != slot.data_ptr() {
-            grad.f_reshape([-1])
-                .and_then(|values| slot.f_copy_(&values))
-                .and_then(|()| slot.f_view(param.size().as_slice()))
-                .and_then(|view| grad.f_set_data(&view))
-        } else {
-            Ok(()) // already a view: backward wrote into the slot
-        };
-        placed.map_err(torch_error(pg, format!("placing the gradient of `{name}` in its bucket")))?;
-        offset += numel;
-    }
-    Ok(())
-}

@@ -14,7 +14,7 @@
 
 use tch::Tensor;
 
-use super::bucketed::GradientBuckets;
+use super::buckets::{FlatGroups, GradientBuckets};
 use super::layout::{plan_buckets, ParamMeta};
 use crate::dist::{torch_error, DistError, ProcessGroup};
 
@@ -44,44 +44,34 @@ impl GradientBuckets {
     /// If, with gradients ready in `order` (each parameter once), some
     /// bucket would complete after a later one, and so wait for it, plans
     /// the buckets again, with the same caps, filling them in `order`
-    /// instead of reverse registration order. Returns whether the layout
-    /// changed; if it did, new buffers replace the old, and a gradient that
-    /// was a view of its old slot becomes one of its new slot. Every
-    /// rank must pass the same order (see [`agree_on_order`]).
-    pub fn replan_in_order(&mut self, params: &[(String, Tensor)], order: &[usize]) -> bool {
-        if completes_in_order(&self.layout, order) {
-            return false;
+    /// instead of reverse registration order. Returns the new layout's flat
+    /// groups if the layout changed (new buffers then replace the old, and a
+    /// gradient that lived in its old slot lives in its new one), `None` if
+    /// it stays. Every rank must pass the same order (see [`agree_on_order`]).
+    pub fn replan_in_order(
+        &mut self,
+        pg: &dyn ProcessGroup,
+        params: &[(String, Tensor)],
+        order: &[usize],
+    ) -> Result<Option<FlatGroups>, DistError> {
+        if completes_in_order(self.layout(), order) {
+            return Ok(None);
         }
         let metas = ParamMeta::of(params);
         // `plan_buckets` walks its list from the last entry to the first:
         // hand it the order reversed, and map its indices back.
         let reversed: Vec<usize> = order.iter().rev().copied().collect();
         let permuted: Vec<ParamMeta> = reversed.iter().map(|&p| metas[p].clone()).collect();
-        let mut layout = plan_buckets(&permuted, self.caps.cap_bytes, self.caps.first_cap_bytes);
+        let caps = self.caps();
+        let mut layout = plan_buckets(&permuted, caps.cap_bytes, caps.first_cap_bytes);
         for bucket in &mut layout {
             bucket.params.iter_mut().for_each(|j| *j = reversed[*j]);
         }
-        if layout == self.layout {
-            return false;
+        if layout == self.layout() {
+            return Ok(None);
         }
-        // Gradients that are views of their old slots (the library's steps
-        // make them so) move to their new slots now, values and all.
-        let was_view: Vec<bool> = (0..params.len())
-            .map(|i| {
-                let grad = params[i].1.grad();
-                grad.defined() && grad.data_ptr() == self.slot(i, params).data_ptr()
-            })
-            .collect();
-        self.buffers = layout.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
-        self.layout = layout;
-        for (i, (_, param)) in params.iter().enumerate().filter(|(i, _)| was_view[*i]) {
-            let (mut grad, mut slot) = (param.grad(), self.slot(i, params));
-            tch::no_grad(|| {
-                slot.copy_(&grad.reshape([-1]));
-                grad.set_data(&slot.view(param.size().as_slice()));
-            });
-        }
-        true
+        self.relayout(pg, params, layout)?;
+        Ok(Some(self.flat_groups()))
     }
 }
 

@@ -13,7 +13,7 @@
 
 use tch::Tensor;
 
-use super::bucketed::GradientBuckets;
+use super::buckets::GradientBuckets;
 use crate::dist::{tagged, DistError, ProcessGroup, ReduceOp};
 
 /// What this rank brings to the end-of-backward check.
@@ -90,13 +90,7 @@ pub(super) fn end_of_backward_check(
     }
     for &i in this_rank.unused {
         if used_somewhere[i] != 0 {
-            let (name, param) = &params[i];
-            let averaged = buckets.slot(i, params).view(param.size().as_slice()).copy();
-            crate::autograd::set_grad(param, &averaged).map_err(|e| DistError::Invalid {
-                rank: pg.rank(),
-                op: format!("giving `{name}` the gradient other ranks computed"),
-                detail: e.to_string(),
-            })?;
+            buckets.install(pg, i, params)?; // its slot holds the others' average
         }
     }
     Ok(())

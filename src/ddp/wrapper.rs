@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use super::bucketed::{BucketingError, GradientBuckets};
+use super::bucketed::BucketingError;
+use super::buckets::GradientBuckets;
 use super::layout::{Bucket, BucketCaps};
 use super::no_sync::{NoSyncGuard, SyncSwitch};
 use super::overlap::{OverlappedBuckets, StepRecord};
