@@ -93,7 +93,9 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         }
         self.buckets.arm("overlapped sync".into());
         let backward = self.backward_local(loss);
-        self.buckets.finish(self.find_unused, backward) // a failed backward anywhere fails every rank
+        // A failed backward anywhere fails every rank. (A re-planned layout is
+        // reported for optimizers that read the buckets in place: none here.)
+        self.buckets.finish(self.find_unused, backward).map(|_new_layout| ())
     }
 }
 // ANCHOR_END: wrapper

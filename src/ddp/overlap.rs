@@ -198,12 +198,14 @@ impl OverlappedBuckets {
     /// the step on every rank (this rank returns its own backward error);
     /// parameters that got no gradient are named unless
     /// `find_unused_parameters`. After the first successful call, re-plans
-    /// the buckets from the observed order.
+    /// the buckets from the observed order, and if that changed the layout,
+    /// returns its flat groups: once, for whoever laid something out on the
+    /// old buffers (an optimizer reading the gradients in place).
     pub fn finish(
         &self,
         find_unused_parameters: bool,
         backward: Result<(), DistError>,
-    ) -> Result<(), DistError> {
+    ) -> Result<Option<FlatGroups>, DistError> {
         if let Some(message) = self.hooks.take_panic() {
             let mut p = self.lock();
             p.armed = false;
@@ -252,20 +254,27 @@ impl OverlappedBuckets {
         let checked = end_of_backward_check(pg.as_ref(), &p.buckets, &p.params, this_rank);
         backward?; // this rank's own error says more than the check's
         checked?;
-        if std::mem::replace(&mut p.replan_pending, false) {
-            let order = agree_on_order(pg.as_ref(), &p.record.ready_order, p.params.len())?;
-            let Progress { buckets, params, .. } = &mut *p;
-            if buckets.replan_in_order(pg.as_ref(), params, &order)?.is_some() {
-                p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
-            }
+        if !std::mem::replace(&mut p.replan_pending, false) {
+            return Ok(None);
         }
-        Ok(())
+        let order = agree_on_order(pg.as_ref(), &p.record.ready_order, p.params.len())?;
+        let Progress { buckets, params, .. } = &mut *p;
+        let new_layout = buckets.replan_in_order(pg.as_ref(), params, &order)?;
+        if new_layout.is_some() {
+            p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
+        }
+        Ok(new_layout)
     }
 
     /// Syncs after a backward pass that ran unarmed: every gradient present
     /// counts as ready, the buckets leave now, and [`finish`](Self::finish)
     /// waits for them. For callers that ran `loss.backward()` themselves.
-    pub fn sync_now(&self, tag: String, find_unused_parameters: bool) -> Result<(), DistError> {
+    /// Returns what [`finish`](Self::finish) returns.
+    pub fn sync_now(
+        &self,
+        tag: String,
+        find_unused_parameters: bool,
+    ) -> Result<Option<FlatGroups>, DistError> {
         self.arm(tag);
         {
             let mut p = self.lock();

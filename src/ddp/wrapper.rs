@@ -16,7 +16,7 @@ use tch::nn::{self, Module};
 use tch::Tensor;
 
 use super::bucketed::BucketingError;
-use super::buckets::GradientBuckets;
+use super::buckets::{FlatGroups, GradientBuckets};
 use super::layout::{Bucket, BucketCaps};
 use super::no_sync::{NoSyncGuard, SyncSwitch};
 use super::overlap::{OverlappedBuckets, StepRecord};
@@ -44,6 +44,9 @@ pub struct SimpleDistributedDataParallelism<M: Module> {
     /// of the communication that did not overlap), and how many there were.
     sync_time: Cell<Duration>,
     syncs: Cell<u64>,
+    /// The flat groups of the buckets, when a sync re-planned them, until
+    /// taken ([`take_new_layout`](Self::take_new_layout)).
+    new_layout: Cell<Option<FlatGroups>>,
 }
 // ANCHOR_END: wrapper
 
@@ -77,6 +80,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
             backwards_since_sync: Cell::new(0),
             sync_time: Cell::new(Duration::ZERO),
             syncs: Cell::new(0),
+            new_layout: Cell::new(None),
         })
     }
 
@@ -96,8 +100,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
                                       // Even when this rank's backward failed: its peers' buckets wait for
                                       // its own, and the end-of-backward check fails the step everywhere.
         let synced = self.buckets.finish(self.find_unused, backward);
-        self.clock(started);
-        synced
+        self.clocked(started, synced)
     }
 
     /// Averages every gradient over all ranks, one all-reduce per bucket, and
@@ -107,8 +110,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     pub fn sync_gradients(&self) -> Result<(), DistError> {
         let started = Instant::now();
         let synced = self.buckets.sync_now(self.sync_tag(), self.find_unused);
-        self.clock(started);
-        synced
+        self.clocked(started, synced)
     }
 
     /// Names a sync by the backward passes since the last one: every rank
@@ -118,9 +120,19 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         format!("gradient sync after {passes} backward pass(es)")
     }
 
-    fn clock(&self, started: Instant) {
+    /// Counts a sync that began at `started`, and keeps the layout it
+    /// reports if it re-planned the buckets.
+    fn clocked(
+        &self,
+        started: Instant,
+        synced: Result<Option<FlatGroups>, DistError>,
+    ) -> Result<(), DistError> {
         self.sync_time.set(self.sync_time.get() + started.elapsed());
         self.syncs.set(self.syncs.get() + 1);
+        if let Some(groups) = synced? {
+            self.new_layout.set(Some(groups));
+        }
+        Ok(())
     }
     // ANCHOR_END: backward
 
@@ -177,8 +189,16 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 
     /// Each bucket's members and its buffer, where their averaged gradients
     /// are after a sync: `AdamW::with_groups` updates them there, flat.
-    pub fn flat_groups(&self) -> Vec<(Vec<usize>, Tensor)> {
+    pub fn flat_groups(&self) -> FlatGroups {
         self.buckets.flat_groups()
+    }
+
+    /// The new layout's flat groups if a sync re-planned the buckets since
+    /// the last call (the first synced step may: see `replan.rs`), else
+    /// `None`. An optimizer laid out on the old buffers must be laid out
+    /// again on these ([`train_step`](super::train_step) does it).
+    pub fn take_new_layout(&self) -> Option<FlatGroups> {
+        self.new_layout.take()
     }
 
     /// The names of each bucket's parameters, in buffer order.

@@ -115,7 +115,6 @@ pub fn train_rank(
     // sync and the optimizer copy nothing.
     let mut optimizer =
         AdamW::with_groups(ddp.parameters(), config.lr, config.weight_decay, ddp.flat_groups());
-    let mut planned = ddp.buckets();
     let mut progress = Progress { step: 0, epoch: 0, position: 0 };
     if let Some((path, saved)) = &saved {
         let invalid = |detail| CheckpointError::Invalid { path: path.to_path_buf(), detail };
@@ -160,13 +159,12 @@ pub fn train_rank(
             rank_loss += loss.double_value(&[]);
             phases.backward += lap.next(); // the sync inside is taken out at the end
         }
-        optimizer.step().with_context(|| format!("rank {rank}: optimizer step {step}"))?;
-        if ddp.buckets() != planned {
+        if let Some(groups) = ddp.take_new_layout() {
             // The first sync re-planned the buckets from the order backward
             // produced the gradients: lay the optimizer out like them again.
-            planned = ddp.buckets();
-            optimizer.regroup(ddp.flat_groups()).map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
+            optimizer.regroup(groups).map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
         }
+        optimizer.step().with_context(|| format!("rank {rank}: optimizer step {step}"))?;
         phases.optimizer += lap.next();
         let elapsed = started.elapsed();
         train_time += elapsed;

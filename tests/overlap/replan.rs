@@ -81,6 +81,62 @@ fn buckets_follow_the_order_gradients_became_ready_after_the_first_step() {
 }
 
 #[test]
+fn a_re_planned_layout_is_reported_once_as_the_buffers_that_now_hold_the_gradients() {
+    let per_rank = run(2, |pg| {
+        let (vs, model) = head_first();
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
+        let x = Tensor::ones([3, 4], (Kind::Double, Device::Cpu)) * (1.0 + pg.rank() as f64);
+        let y = Tensor::zeros([3, 1], (Kind::Double, Device::Cpu));
+        let first_buffers: Vec<usize> =
+            ddp.flat_groups().iter().map(|(_, b)| b.data_ptr() as usize).collect();
+        let mut reported = vec![];
+        for _ in 0..3 {
+            ddp.backward(&mse(&ddp.forward(&x), &y))?;
+            reported.push(ddp.take_new_layout());
+        }
+        anyhow::ensure!(ddp.take_new_layout().is_none(), "a report is taken once");
+        // What it reported, against the layout and the gradients as they are now.
+        let members: Vec<Vec<usize>> = ddp.buckets().iter().map(|b| b.params.clone()).collect();
+        let groups = reported[0].as_ref().ok_or_else(|| anyhow::anyhow!("the first step re-plans"))?;
+        let reported_members: Vec<Vec<usize>> = groups.iter().map(|(m, _)| m.clone()).collect();
+        anyhow::ensure!(reported_members == members, "reported {reported_members:?}, layout {members:?}");
+        for (members, buffer) in groups {
+            let (start, end) = (buffer.data_ptr() as usize, buffer.data_ptr() as usize + buffer.numel() * 8);
+            anyhow::ensure!(!first_buffers.contains(&start), "a re-planned bucket gets a new buffer");
+            for &m in members {
+                let at = ddp.parameters()[m].1.grad().data_ptr() as usize;
+                anyhow::ensure!((start..end).contains(&at), "parameter {m}'s gradient is not in its bucket");
+            }
+        }
+        Ok(reported.iter().map(Option::is_some).collect::<Vec<bool>>())
+    });
+    for (rank, reported) in per_rank.iter().enumerate() {
+        assert_eq!(reported, &[true, false, false], "rank {rank}: reported once, after the first step");
+    }
+}
+
+#[test]
+fn a_layout_that_completes_in_order_is_never_reported() {
+    let per_rank = run(2, |pg| {
+        let (vs, model) = ddp_workbook::models::Mlp::seeded(3, &[4, 32, 32, 1], Kind::Double);
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
+        let x = Tensor::ones([3, 4], (Kind::Double, Device::Cpu)) * (1.0 + pg.rank() as f64);
+        let y = Tensor::zeros([3, 1], (Kind::Double, Device::Cpu));
+        let planned = ddp.bucket_names();
+        let mut reported = vec![];
+        for _ in 0..2 {
+            ddp.backward(&mse(&ddp.forward(&x), &y))?;
+            reported.push(ddp.take_new_layout().is_some());
+        }
+        anyhow::ensure!(planned.len() > 1 && ddp.bucket_names() == planned, "kept {planned:?}");
+        Ok(reported)
+    });
+    for (rank, reported) in per_rank.iter().enumerate() {
+        assert_eq!(reported, &[false, false], "rank {rank}: nothing to report");
+    }
+}
+
+#[test]
 fn every_rank_adopts_rank_0s_order_completed_with_what_it_never_saw() {
     let orders = spawn_with(spawn_options(3), |pg| {
         // Rank 0 saw 3, 1 and 4 (0 and 2 got no gradient); the others saw other orders.
