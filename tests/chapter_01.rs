@@ -6,7 +6,9 @@
 //! The reference:  `cargo test --features solutions --test chapter_01`
 //! Each test runs every world size from 1 to 5 on the in-process backend.
 //! `chapter_01/all_gather.rs` checks phase 2 on its own;
-//! `chapter_01/controls.rs` holds the controls, which never run your code.
+//! `chapter_01/waiting_sends.rs` runs the ring where a send waits for its
+//! receive; `chapter_01/controls.rs` holds the controls, which never run
+//! your code.
 
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
@@ -14,6 +16,8 @@
 mod all_gather;
 #[path = "chapter_01/controls.rs"]
 mod controls;
+#[path = "chapter_01/waiting_sends.rs"]
+mod waiting_sends;
 
 use std::time::Duration;
 
@@ -213,8 +217,9 @@ fn reduce_scatter_phase_sums_chunk_rank_on_each_rank() {
                     value == expected,
                     "{case}: after ring_reduce_scatter, rank {rank}'s chunks[{rank}] holds {value} \
                      at element {element} of the buffer, but the sum over all ranks is {expected}.\n  \
-                     In step s, send chunks[(r - 1 - s) mod N] right and add what arrives from \
-                     the left into chunks[(r - 2 - s) mod N]."
+                     Follow one chunk around the ring in the chapter's phase 1 table: a rank passes on \
+                     the chunk it added into in the step before, and what arrives is ADDED into its own \
+                     copy of that chunk."
                 );
             }
         }

@@ -23,17 +23,20 @@ use crate::dist::{DistError, ProcessGroup};
 pub fn ring_reduce_scatter(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Result<(), DistError> {
     // TODO: N - 1 steps. In each, every rank passes one chunk to its right
     // neighbour and adds the chunk that arrives from its left neighbour into
-    // its own copy of that chunk. Which chunk travels when is yours to work
-    // out: follow one chunk around the ring in the chapter's phase 1 table.
-    // The chunk a rank has just added into is the one it passes on, and after
-    // the last step the chunk that holds all N contributions is chunks[r].
+    // its own copy of that chunk. Which chunk travels in which step is yours
+    // to work out: follow one chunk around the ring in the chapter's phase 1
+    // table, then write down, for rank r in step s, the chunk it sends and
+    // the chunk it receives.
     // Keep: only `pg.send` and `pg.recv`, once each per step (the tests count
     // the calls and the bytes); what arrives is ADDED, never written over your
     // own contribution; every chunk keeps its length and dtype; N = 1 works
-    // (no steps at all).
-    // Yours to decide: where incoming values land before you add them, how to
-    // keep an index that goes below 0 inside 0..N, and whether a step sends or
-    // receives first (ask what each rank waits for if all do the same).
+    // (no steps at all); the ring also finishes on a backend whose `send`
+    // returns only once the receiver has called `recv` (the tests run it on
+    // one, as MPI's `MPI_Ssend` behaves).
+    // Yours to decide: the chunk indices (one that goes below 0 must wrap
+    // into 0..N), where incoming values land before you add them, and the
+    // order of `send` and `recv` within a step on each rank: on such a
+    // backend, what would each rank wait for if every rank sent first?
     // In place: `chunk += &incoming` adds and cannot fail; tch's fallible
     // `f_add_` returns a second handle on the chunk, which Rust asks you to
     // use, so write `let _ = chunk.f_add_(&incoming).map_err(..)?;`.
@@ -47,14 +50,14 @@ pub fn ring_reduce_scatter(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Resu
 pub fn ring_all_gather(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Result<(), DistError> {
     // TODO: N - 1 more steps around the same ring. Each rank starts with one
     // complete chunk and partial sums everywhere else; pass complete chunks
-    // on until every rank holds all N. The chapter's phase 2 table shows the
-    // schedule: a rank first sends the chunk it completed itself, then
-    // forwards whatever it received in the step before.
-    // Keep: one send and one recv per step, to the right and from the left;
+    // on until every rank holds all N (the chapter's phase 2 table).
+    // Keep: one send and one recv per step, to the right and from the left,
+    // in an order that also finishes where a send waits for its receive;
     // what arrives is complete, so it REPLACES the partial sum you hold there
-    // (adding would count contributions twice); this phase only copies, which
-    // is why every rank ends with exactly the same bits.
-    // Yours to decide: whether you still need a separate buffer to receive into.
+    // (adding would count contributions twice); this phase only copies,
+    // which is why every rank ends with exactly the same bits.
+    // Yours to decide: which chunk a rank sends in each step, and whether you
+    // still need a separate buffer to receive into.
     todo!("exercise ch01: ring_all_gather in src/ch01_collectives/exercise.rs")
 }
 // ANCHOR_END: stub

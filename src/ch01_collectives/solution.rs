@@ -26,9 +26,8 @@ pub fn ring_reduce_scatter(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Resu
         // is one position further back.
         let send_index = wrap(r - 1 - s, n);
         let recv_index = wrap(r - 2 - s, n);
-        pg.send(&chunks[send_index], right)?;
         let mut incoming = chunks[recv_index].empty_like(); // [len of that chunk]
-        pg.recv(&mut incoming, left)?;
+        send_and_receive(pg, &chunks[send_index], right, &mut incoming, left)?;
         chunks[recv_index] += &incoming; // one more rank's contribution
     }
     // The last recv_index was wrap(r - n) = rank: that chunk now holds all N.
@@ -50,10 +49,32 @@ pub fn ring_all_gather(pg: &dyn ProcessGroup, chunks: &mut [Tensor]) -> Result<(
         // our own); the complete chunk from the left overwrites our partial one.
         let send_index = wrap(r - s, n);
         let recv_index = wrap(r - 1 - s, n);
-        pg.send(&chunks[send_index], right)?;
-        pg.recv(&mut chunks[recv_index], left)?;
+        let outgoing = chunks[send_index].shallow_clone(); // a second handle: chunks is borrowed below
+        send_and_receive(pg, &outgoing, right, &mut chunks[recv_index], left)?;
     }
     Ok(())
+}
+
+/// One step's exchange: `outgoing` to the right, `incoming` from the left.
+/// Where a send waits until its receive is posted (`MPI_Ssend`), a step in
+/// which every rank sends first never ends. So even ranks send first and odd
+/// ranks receive first: every even rank's right neighbour is odd and already
+/// receiving, except when N is odd, where rank N - 1's right neighbour is rank
+/// 0, whose receive comes right after its own send to the odd rank 1.
+fn send_and_receive(
+    pg: &dyn ProcessGroup,
+    outgoing: &Tensor,
+    right: usize,
+    incoming: &mut Tensor,
+    left: usize,
+) -> Result<(), DistError> {
+    if pg.rank() % 2 == 0 {
+        pg.send(outgoing, right)?;
+        pg.recv(incoming, left)
+    } else {
+        pg.recv(incoming, left)?;
+        pg.send(outgoing, right)
+    }
 }
 
 /// `i` modulo `n`, also for negative `i` (Rust's `%` keeps the sign: -1 % 3 == -1).

@@ -63,8 +63,8 @@ fn all_gather_phase_alone_replaces_every_chunk_with_the_complete_one() {
                          chunks[{owner}]), the chapter expects {want}, the complete chunk rank {owner} started \
                          phase 2 with, because phase 2 passes every complete chunk all the way around the ring \
                          and each one REPLACES what it arrives on ({} means it never arrived; adding it counts \
-                         the partial sum twice). In step s send chunks[(r - s) mod N] right and receive \
-                         chunks[(r - 1 - s) mod N] from the left.",
+                         the partial sum twice). A rank first sends the chunk it completed itself, then \
+                         forwards the chunk it received in the step before.",
                         NOT_COMPLETE + rank as f64
                     );
                 }
