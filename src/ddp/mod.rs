@@ -18,7 +18,7 @@
 //! | buckets re-planned from the observed order: [`agree_on_order`] | `replan.rs` | 6 |
 //! | the unused-parameter check at the end of backward | `unused.rs` | 6 |
 //! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 7 |
-//! | one optimizer step with accumulation: [`train_step`] | `step.rs` | 7 |
+//! | one optimizer step with accumulation: [`train_step`], for any [`StepOptimizer`] | `step.rs` | 7 |
 //!
 //! ```no_run
 //! use ddp_workbook::ddp::SimpleDistributedDataParallelism;
@@ -69,5 +69,5 @@ pub use replicated::Replicated;
 pub use sampler::{
     epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler, SamplerError,
 };
-pub use step::train_step;
+pub use step::{train_step, train_step_with, StepOptimizer};
 pub use wrapper::SimpleDistributedDataParallelism;

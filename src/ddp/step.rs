@@ -1,14 +1,47 @@
 //! One optimizer step of the whole DDP loop, with gradient accumulation over
-//! this rank's micro-batches. The training run (`src/train/run.rs`) and the
-//! chapter-7 tests call it once per step.
+//! this rank's micro-batches: [`train_step`]. The training run
+//! (`src/train/run.rs`) and the chapter-7 tests call it once per step, with
+//! any optimizer that has the three methods of [`StepOptimizer`]: tch's
+//! `nn::Optimizer`, or the run's `AdamW`.
 //!
-//! Tested by `cargo test --test chapter_07`.
+//! Tested by `cargo test --test chapter_07` and `cargo test --test train`.
 
 use tch::nn::{self, Module};
-use tch::Tensor;
+use tch::{TchError, Tensor};
 
+use super::buckets::FlatGroups;
 use super::wrapper::SimpleDistributedDataParallelism;
 use crate::dist::DistError;
+
+/// What [`train_step`] asks of an optimizer.
+pub trait StepOptimizer {
+    /// Forgets every gradient: backward adds to `.grad`, so each step starts
+    /// from nothing.
+    fn zero_grad(&mut self);
+    /// Updates every parameter that has a gradient.
+    fn step(&mut self) -> Result<(), TchError>;
+    /// The wrapper re-planned its buckets (once, after its first synced
+    /// step): an optimizer that reads the gradients in place, laid out on
+    /// the old buffers, lays itself out again on `groups`. One that reads
+    /// `.grad()` every step needs nothing, and that is the default.
+    fn regroup(&mut self, groups: FlatGroups) -> Result<(), String> {
+        let _ = groups;
+        Ok(())
+    }
+}
+
+/// tch's optimizers read `.grad()` every step. (Their `step` panics on a
+/// libtorch error; it has no fallible form.)
+impl StepOptimizer for nn::Optimizer {
+    fn zero_grad(&mut self) {
+        nn::Optimizer::zero_grad(self);
+    }
+
+    fn step(&mut self) -> Result<(), TchError> {
+        nn::Optimizer::step(self);
+        Ok(())
+    }
+}
 
 // ANCHOR: train_step
 /// One optimizer step from this rank's micro-batches (lists of example
@@ -20,11 +53,24 @@ use crate::dist::DistError;
 ///
 /// Returns this rank's loss, the mean over its micro-batches; for the
 /// global batch's loss, pass it to `ddp.mean_over_ranks`.
-pub fn train_step<M: Module>(
+pub fn train_step<M: Module, O: StepOptimizer>(
     ddp: &SimpleDistributedDataParallelism<M>,
-    optimizer: &mut nn::Optimizer,
+    optimizer: &mut O,
+    micro_batches: &[&[i64]],
+    micro_batch_loss: impl FnMut(&[i64]) -> Tensor,
+) -> Result<f64, DistError> {
+    train_step_with(ddp, optimizer, micro_batches, micro_batch_loss, |_| {})
+}
+
+/// [`train_step`], calling `after_backward(i)` once micro-batch `i`'s
+/// backward (and, for the last one, the sync) has returned: where a caller
+/// times the phases of its steps, as the training run does.
+pub fn train_step_with<M: Module, O: StepOptimizer>(
+    ddp: &SimpleDistributedDataParallelism<M>,
+    optimizer: &mut O,
     micro_batches: &[&[i64]],
     mut micro_batch_loss: impl FnMut(&[i64]) -> Tensor,
+    mut after_backward: impl FnMut(usize),
 ) -> Result<f64, DistError> {
     check_micro_batches(ddp.rank(), micro_batches)?;
     let k = micro_batches.len();
@@ -41,8 +87,18 @@ pub fn train_step<M: Module>(
             ddp.backward(&loss)?; // accumulate, then average: one all-reduce per bucket
         }
         rank_loss += loss.double_value(&[]);
+        after_backward(i);
     }
-    optimizer.step();
+    if let Some(groups) = ddp.take_new_layout() {
+        // The first sync re-planned the buckets: the optimizer reads them.
+        let op = "laying the optimizer out on the re-planned buckets".to_string();
+        optimizer.regroup(groups).map_err(|detail| DistError::Invalid { rank: ddp.rank(), op, detail })?;
+    }
+    optimizer.step().map_err(|cause| DistError::Torch {
+        rank: ddp.rank(),
+        op: "optimizer.step()".into(),
+        cause,
+    })?;
     Ok(rank_loss)
 }
 // ANCHOR_END: train_step

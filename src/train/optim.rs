@@ -170,6 +170,22 @@ impl AdamW {
 }
 // ANCHOR_END: adamw
 
+/// How `ddp::train_step` drives it: the steps below, and a new layout when
+/// the wrapper re-planned its buckets.
+impl crate::ddp::StepOptimizer for AdamW {
+    fn zero_grad(&mut self) {
+        AdamW::zero_grad(self);
+    }
+
+    fn step(&mut self) -> Result<(), TchError> {
+        AdamW::step(self)
+    }
+
+    fn regroup(&mut self, groups: crate::ddp::FlatGroups) -> Result<(), String> {
+        AdamW::regroup(self, groups)
+    }
+}
+
 impl FlatGroup {
     /// One flat buffer for `members`' values, which become views into it;
     /// their gradients are gathered into `grad`, or a buffer of its own.

@@ -4,19 +4,20 @@
 //! Run it:     `cargo run --release --example train`
 //! Its tests:  `cargo test --test train`
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::Context;
 use tch::{Kind, Tensor};
 
 use super::checkpoint::{self, Checkpoint, CheckpointError, Progress};
 use super::optim::AdamW;
-use super::phases::{Lap, StepPhases};
+use super::phases::{Phase, PhaseClock};
 use super::replicas::check_replicas_agree;
 use super::{Evaluation, Event, RankOutcome, TrainConfig};
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
-use crate::ddp::{rows, BucketCaps, DistributedSampler, SimpleDistributedDataParallelism, MIB};
+use crate::ddp::{
+    rows, train_step_with, BucketCaps, DistributedSampler, SimpleDistributedDataParallelism, MIB,
+};
 use crate::dist::Group;
 use crate::models::{named_buffers, named_parameters, Gpt, GptConfig};
 
@@ -133,39 +134,33 @@ pub fn train_rank(
     let tokens_per_step = (config.global_batch() as i64 * task.seq_len()) as f64;
     let k = config.accum_steps;
     let (mut losses, mut train_time, mut window) = (Vec::new(), Duration::ZERO, (Duration::ZERO, 0));
-    let mut phases = StepPhases::default();
+    let clock = PhaseClock::new(); // where the steps' time goes, for the benchmarks
     for step in first_step..=last_step {
         // ANCHOR: step
-        let started = Instant::now();
-        let mut lap = Lap::from(started); // where the step's time goes, for the benchmarks
+        let started = clock.start();
         optimizer.lr = lr_at(config, step - 1);
-        optimizer.zero_grad(); // backward ADDS to .grad: clear the last step's
-        let mut rank_loss = 0.0;
+        let micro_batches: Vec<Vec<i64>> =
+            (0..k).map(|_| cursor.next_micro_batch(config.batch_size).to_vec()).collect();
+        let micro_batches: Vec<&[i64]> = micro_batches.iter().map(Vec::as_slice).collect();
         let mut last_micro_batch = None;
-        for i in 0..k {
-            let (inputs, targets, mask) =
-                micro_batch(&task, cursor.next_micro_batch(config.batch_size), config.device);
-            phases.data += lap.next();
-            let logits = ddp.forward(&inputs); // [batch, seq, vocab]
-            let loss = masked_cross_entropy(&logits, &targets, &mask) / k as f64; // [], divided by k (chapter 4)
-            phases.forward += lap.next();
-            if i + 1 < k {
-                let _no_sync = ddp.no_sync();
-                ddp.backward(&loss)?; // accumulate on this rank, send nothing
-            } else {
-                ddp.backward(&loss)?; // accumulate, then average over ranks: one all-reduce per bucket
+        // Chapter 7's step: the losses of k micro-batches, divided by k, all
+        // but the last backward under no_sync, then the optimizer.
+        let rank_loss = train_step_with(
+            &ddp,
+            &mut optimizer,
+            &micro_batches,
+            |indices| {
+                let (inputs, targets, mask) = micro_batch(&task, indices, config.device);
+                clock.lap(Phase::Data);
+                let logits = ddp.forward(&inputs); // [batch, seq, vocab]
+                let loss = masked_cross_entropy(&logits, &targets, &mask); // [], this micro-batch's mean
+                clock.lap(Phase::Forward);
                 last_micro_batch = Some((logits, targets, mask));
-            }
-            rank_loss += loss.double_value(&[]);
-            phases.backward += lap.next(); // the sync inside is taken out at the end
-        }
-        if let Some(groups) = ddp.take_new_layout() {
-            // The first sync re-planned the buckets from the order backward
-            // produced the gradients: lay the optimizer out like them again.
-            optimizer.regroup(groups).map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
-        }
-        optimizer.step().with_context(|| format!("rank {rank}: optimizer step {step}"))?;
-        phases.optimizer += lap.next();
+                loss
+            },
+            |_| clock.lap(Phase::Backward), // the sync inside is taken out at the end
+        )?;
+        clock.lap(Phase::Optimizer);
         let elapsed = started.elapsed();
         train_time += elapsed;
         window = (window.0 + elapsed, window.1 + 1);
@@ -211,6 +206,7 @@ pub fn train_rank(
     };
     let fingerprint = check_replicas_agree(pg.as_ref(), checkpoint::fingerprint(&final_state), last_step)?;
     let sync_time = ddp.sync_time();
+    let mut phases = clock.phases();
     phases.sync = sync_time;
     phases.backward = phases.backward.saturating_sub(sync_time);
     let evaluation = (rank == 0).then(|| evaluate(ddp.module(), config));

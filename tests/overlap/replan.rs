@@ -3,11 +3,12 @@
 //! overlap` (see `tests/overlap.rs`).
 
 use super::common::{mse, run, spawn_options};
-use ddp_workbook::ddp::{agree_on_order, SimpleDistributedDataParallelism};
+use ddp_workbook::ddp::{agree_on_order, train_step_with, SimpleDistributedDataParallelism, StepOptimizer};
 use ddp_workbook::dist::spawn_with;
 use ddp_workbook::models::named_parameters;
 use ddp_workbook::tch::nn::{self, Module, VarStore};
 use ddp_workbook::tch::{Device, Kind, Tensor};
+use ddp_workbook::train::AdamW;
 use ddp_workbook::with_seed;
 
 /// Registered head first, used head last: the first plan, which assumes
@@ -112,6 +113,74 @@ fn a_re_planned_layout_is_reported_once_as_the_buffers_that_now_hold_the_gradien
     });
     for (rank, reported) in per_rank.iter().enumerate() {
         assert_eq!(reported, &[true, false, false], "rank {rank}: reported once, after the first step");
+    }
+}
+
+/// AdamW as an optimizer that never lays itself out again: it notes each
+/// new layout `train_step` hands it and keeps its own, one group per dtype,
+/// into which each step copies the gradients.
+struct NeverRegrouped(AdamW, Vec<Vec<Vec<usize>>>);
+
+impl StepOptimizer for NeverRegrouped {
+    fn zero_grad(&mut self) {
+        self.0.zero_grad();
+    }
+    fn step(&mut self) -> Result<(), ddp_workbook::tch::TchError> {
+        self.0.step()
+    }
+    fn regroup(&mut self, groups: ddp_workbook::ddp::FlatGroups) -> Result<(), String> {
+        self.1.push(groups.into_iter().map(|(members, _)| members).collect());
+        Ok(())
+    }
+}
+
+#[test]
+fn train_step_lays_adamw_out_on_the_re_planned_buckets_and_steps_as_if_it_had_not() {
+    let train = |regroup: bool| {
+        run(2, move |pg| {
+            let (vs, model) = head_first();
+            let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
+            let adamw = AdamW::with_groups(ddp.parameters(), 1e-2, 0.1, ddp.flat_groups());
+            let (mut regrouped, mut kept) = (adamw, None);
+            if !regroup {
+                kept = Some(NeverRegrouped(AdamW::new(ddp.parameters(), 1e-2, 0.1), vec![]));
+            }
+            let x = Tensor::arange(24, (Kind::Double, Device::Cpu)).view([6, 4]) / 24.0 + pg.rank() as f64;
+            let y = Tensor::ones([6, 1], (Kind::Double, Device::Cpu));
+            let micro_batches: Vec<&[i64]> = vec![&[0, 1, 2], &[3, 4, 5]];
+            let (mut called_back, mut layouts) = (vec![], vec![]);
+            for _ in 0..3 {
+                let loss = |rows: &[i64]| {
+                    let index = Tensor::from_slice(rows);
+                    mse(&ddp.forward(&x.index_select(0, &index)), &y.index_select(0, &index))
+                };
+                let after_backward = |i| called_back.push(i);
+                layouts.push(ddp.buckets());
+                match &mut kept {
+                    Some(kept) => train_step_with(&ddp, kept, &micro_batches, loss, after_backward)?,
+                    None => train_step_with(&ddp, &mut regrouped, &micro_batches, loss, after_backward)?,
+                };
+            }
+            anyhow::ensure!(layouts[0] != layouts[1], "the test needs a re-plan after step 1");
+            anyhow::ensure!(
+                called_back == [0, 1, 0, 1, 0, 1],
+                "called back after each backward: {called_back:?}"
+            );
+            if let Some(NeverRegrouped(_, handed)) = &kept {
+                let members: Vec<Vec<usize>> = layouts[1].iter().map(|b| b.params.clone()).collect();
+                anyhow::ensure!(handed == &[members], "the new layout is handed over once: {handed:?}");
+            }
+            Ok(ddp_workbook::check::snapshot(ddp.parameters()))
+        })
+    };
+    let (regrouped, kept) = (train(true), train(false));
+    for rank in 0..2 {
+        for ((name, a), (_, b)) in regrouped[rank].iter().zip(&kept[rank]) {
+            assert!(
+                ddp_workbook::check::same_bits(a, b),
+                "rank {rank}: `{name}`: AdamW laid out on the new buckets must step bitwise as one that copies"
+            );
+        }
     }
 }
 
