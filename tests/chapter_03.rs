@@ -19,10 +19,13 @@
 //! small shard more: this is why every rank gets B/N rows.)
 
 mod common;
-// The control, which never runs your code. `#[path]`, because a module file
-// directly in `tests/` would be built as a test binary of its own.
+// The control, which never runs your code, and the mean in half precision.
+// `#[path]`, because a module file directly in `tests/` would be built as a
+// test binary of its own.
 #[path = "chapter_03/controls.rs"]
 mod controls;
+#[path = "chapter_03/half_precision.rs"]
+mod half_precision;
 
 use common::{
     assert_matches_one_process, global_batches, mse, run, train_single_process, Hints, Named, Optim,
@@ -55,6 +58,14 @@ fn mlp_with_unused() -> (VarStore, Mlp) {
 fn data() -> Regression {
     Regression::new(DATA_SEED, GLOBAL_BATCH * STEPS as i64, 4, 1, Kind::Double)
 }
+
+/// What to try when a run differs: from the other ranks, from one process.
+const HINTS: Hints = Hints {
+    replicas: "every rank must call sync_gradients after backward and before optimizer.step, \
+               and all-reduce every gradient (not the weights) with the same operation",
+    reference: "the summed gradient must be divided by the world size exactly once \
+                (did you divide by the world size? divide twice? all-reduce the weights?)",
+};
 
 /// One rank's record of a run.
 struct RankRun {
@@ -111,14 +122,8 @@ fn check_against_one_process(world_size: i64, optim: Optim, build: fn() -> (VarS
     let runs = train_ddp(world_size, optim, true, build);
     let reference = train_single_process(build, optim, &global_batches(&data(), GLOBAL_BATCH, STEPS));
     let per_rank: Vec<Vec<Named>> = runs.into_iter().map(|run| run.after_each_step).collect();
-    let hints = Hints {
-        replicas: "every rank must call sync_gradients after backward and before optimizer.step, \
-                   and all-reduce every gradient (not the weights) with the same operation",
-        reference: "the summed gradient must be divided by the world size exactly once \
-                    (did you divide by the world size? divide twice? all-reduce the weights?)",
-    };
     let case = format!("{optim:?} on {world_size} ranks");
-    let largest = assert_matches_one_process(&case, &per_rank, &reference, TOLERANCE, &hints);
+    let largest = assert_matches_one_process(&case, &per_rank, &reference, TOLERANCE, &HINTS);
     println!("{case}: largest difference from one process over {STEPS} steps: {largest:e}");
     largest
 }

@@ -13,22 +13,23 @@ use crate::dist::{DistError, ProcessGroup};
 
 // ANCHOR: stub
 /// Replaces each parameter's gradient, on every rank, by the mean of that
-/// gradient over all ranks. Parameters without a gradient are skipped.
+/// gradient over all ranks, in the gradient's own dtype, half precision
+/// included. Parameters without a gradient are skipped.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn sync_gradients(pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Result<(), DistError> {
     // TODO: after backward, each rank's gradients are those of its own shard.
-    // Replace every one, in place, by its mean over all ranks: the optimizer
-    // reads `.grad`, so every rank then takes the same step, the one a single
+    // Replace every one by its mean over all ranks: the optimizer reads
+    // `.grad`, so every rank then takes the same step, the one a single
     // process would take on the whole batch (the chapter shows why the mean
     // is exact).
-    // Keep: the mean lands in the parameter's own gradient, not in a copy;
-    // the gradient is divided by the world size exactly once; every rank
-    // makes the same calls for the same parameters in the same order, one
-    // collective per parameter that has a gradient (the tests count them);
-    // a parameter without a gradient takes no part; the arithmetic on
-    // gradients is bookkeeping, not part of the model (no autograd).
-    // Yours to decide: how the mean is formed and where the division goes
-    // (the chapter weighs the options), and how you recognise a parameter
+    // Keep: every rank makes the same calls for the same parameters in the
+    // same order, one collective per parameter that has a gradient (the tests
+    // count them); an f16 gradient averages to its mean even where the sum
+    // over the ranks would not fit in f16 (the tests try one).
+    // Yours to decide: how the mean is formed (where the division by the
+    // world size goes, and in which dtype the adding happens: the chapter
+    // weighs the options, and each has a price), how the result gets into
+    // the gradient the optimizer reads, and how you recognise a parameter
     // without a gradient.
     // Available: `param.grad()`, `pg.all_reduce` with `crate::dist::ReduceOp`,
     // `pg.world_size()`, `tch::no_grad`, and `crate::dist::torch_error`, which

@@ -63,9 +63,9 @@ pub fn sync_bucket(
     // of the same length, whatever its loss touched, so a parameter without
     // a gradient still fills its slot, with values that leave the others'
     // sum alone; undefined gradients stay undefined; the averages end in the
-    // parameters' own gradients, in their shapes; the result must equal
-    // chapter 3's sync bitwise, which sums first and divides after; none of
-    // it is part of the model (no autograd).
+    // parameters' own gradients, in their shapes; the result must equal the
+    // library's per-parameter sync (`ddp::naive`) bitwise, which sums first
+    // and divides after; none of it is part of the model (no autograd).
     // Yours to decide: how you find each member's slot, and how you write
     // into it and read out of it without copying the whole bucket.
     // Available: `pg.all_reduce` with `crate::dist::ReduceOp`,

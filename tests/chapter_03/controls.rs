@@ -1,15 +1,20 @@
-//! Chapter 03 tests, the control: training without `sync_gradients` (it
-//! never runs your code) makes the replicas drift far beyond the tolerance,
-//! so the checks of `tests/chapter_03.rs` cannot pass by accident. Compiled
+//! Chapter 03 tests, the controls, which never run your code: training
+//! without `sync_gradients` makes the replicas drift far beyond the
+//! tolerance, so the checks of `tests/chapter_03.rs` cannot pass by
+//! accident; a sync that forgets the division is far off with SGD and only
+//! just beyond the tolerance with Adam, which is why the tests use both. Compiled
 //! into `cargo test --test chapter_03` (libtest names it `controls::...`).
 //! A control passes on the untouched stubs too; `cargo xtask test --only
 //! teeth` checks that it does, and that every test outside `mod controls`
 //! reaches your code.
 
-use ddp_workbook::check::{max_reference_diff, max_replica_diff, snapshot};
+use ddp_workbook::ch03_averaging::SimpleDistributedDataParallelism;
+use ddp_workbook::check::{compare_to_reference, max_reference_diff, max_replica_diff, snapshot};
+use ddp_workbook::dist::{DistError, ProcessGroup, ReduceOp};
+use ddp_workbook::tch::Tensor;
 
-use super::common::{global_batches, train_single_process, Optim, TOLERANCE};
-use super::{data, mlp, train_ddp, GLOBAL_BATCH, STEPS};
+use super::common::{global_batches, mse, run, train_single_process, Optim, TOLERANCE};
+use super::{data, mlp, train_ddp, GLOBAL_BATCH, HINTS, STEPS};
 
 #[test]
 fn negative_control_without_sync_the_replicas_drift_apart() {
@@ -34,4 +39,48 @@ fn negative_control_without_sync_the_replicas_drift_apart() {
             "the control must not communicate"
         );
     }
+}
+
+/// The classic bug, on purpose: every gradient summed over the ranks and
+/// never divided, so each rank steps with N times the mean gradient.
+fn sync_without_the_division(pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Result<(), DistError> {
+    for (_, param) in params {
+        let mut grad = param.grad();
+        if grad.defined() {
+            pg.all_reduce(&mut grad, ReduceOp::Sum)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn negative_control_without_the_division_sgd_is_far_off_and_adam_barely() {
+    // One step on 2 ranks, each on its own half of the first global batch.
+    let reference = |optim| train_single_process(mlp, optim, &global_batches(&data(), GLOBAL_BATCH, 1));
+    let off = |optim: Optim| {
+        let per_rank = run(2, |pg| {
+            let (vs, model) = mlp();
+            let mut optimizer = optim.build(&vs)?;
+            let ddp = SimpleDistributedDataParallelism::new(model, &vs, pg.clone())?;
+            let rows = GLOBAL_BATCH / 2;
+            let (x, y) = data().batch(pg.rank() as i64 * rows, rows);
+            optimizer.zero_grad();
+            ddp.backward_local(&mse(&ddp.forward(&x), &y))?;
+            sync_without_the_division(pg.as_ref(), ddp.parameters())?;
+            optimizer.step();
+            Ok(snapshot(ddp.parameters()))
+        });
+        let expected = &reference(optim)[0].params;
+        let report =
+            compare_to_reference(&per_rank[0], expected, TOLERANCE).expect_err("the bug went unseen");
+        println!("{optim:?} on 2 ranks, rank 0 after step 1: {}", report.hint(HINTS.reference));
+        max_reference_diff(&per_rank[0], expected)
+    };
+    let (sgd, adam) = (off(Optim::Sgd), off(Optim::Adam));
+    println!("without the division, after one step: SGD {sgd:.3e} from one process, Adam {adam:.3e}");
+    // SGD steps with twice the gradient; Adam's update divides the gradient by
+    // the root of its own running square, so doubling it changes the step only
+    // through epsilon: a tolerance of 1e-6 would let the bug through there.
+    assert!(sgd > 1e-2, "SGD: {sgd:e}");
+    assert!(adam > 1e3 * TOLERANCE && adam < 1e-6, "Adam: {adam:e}");
 }

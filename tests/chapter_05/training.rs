@@ -53,7 +53,8 @@ pub const HINT_BITWISE: &str = "the bucketed sync must give exactly the naive sy
 pub enum Sync {
     /// This chapter's `sync_gradients`: one all-reduce per bucket.
     Bucketed,
-    /// Chapter 3's reference: one all-reduce per parameter.
+    /// The library's per-parameter sync (`ddp::naive`, chapter 3's
+    /// exercise with the sum first): one all-reduce per parameter.
     Naive,
     /// Negative control: no communication at all.
     None,
