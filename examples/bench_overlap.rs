@@ -3,8 +3,9 @@
 //! sequences per rank, small buckets (16 KiB); the time of forward + backward + sync
 //! with three syncs: naive (one all-reduce per parameter, after backward),
 //! bucketed (one per bucket, after backward) and overlapped (each bucket
-//! leaves during backward, `ddp::OverlappedBuckets`, gradients as bucket
-//! views; and again with chapter 6's steps, which copy), each without and
+//! leaves during backward, `ddp::OverlappedBuckets`, gradients kept in the
+//! buckets; and again with steps that copy them in and out, as chapter 6's
+//! exercise does: `support/copying_steps.rs`), each without and
 //! with a simulated link (50 µs, 10 Gbit/s by default). Prints the medians,
 //! how much of the bucketed sync's communication time overlap hid, and what
 //! keeping gradients as views saves.
@@ -15,14 +16,15 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ddp_workbook::ch06_overlap::solution;
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
-use ddp_workbook::ddp::{self, naive, BucketCaps, GradientBuckets, OverlapSteps, OverlappedBuckets};
+use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, OverlappedBuckets};
 use ddp_workbook::dist::{spawn_with, tagged, Group, SimulatedLink, SpawnOptions};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::{self, Kind};
 
+#[path = "support/copying_steps.rs"]
+mod copying_steps;
 #[path = "support/machine.rs"]
 mod machine;
 use machine::load_average;
@@ -60,8 +62,8 @@ enum Sync {
     Naive,
     Bucketed,
     Overlapped,
-    /// Overlapped with chapter 6's steps, which copy the gradients into the
-    /// buckets and back instead of keeping them as views.
+    /// Overlapped with steps that copy the gradients into the buckets and
+    /// back (chapter 6's exercise) instead of keeping them there.
     OverlappedCopying,
 }
 
@@ -93,11 +95,12 @@ fn measure(
         let planned = || GradientBuckets::plan(pg.as_ref(), &params, caps);
         let overlapped = match sync {
             Sync::Overlapped => Some(OverlappedBuckets::new(pg.clone(), &params, planned()?)?),
-            Sync::OverlappedCopying => {
-                let (launch_bucket, finish_bucket) = (solution::launch_bucket, solution::finish_bucket);
-                let steps = OverlapSteps { mark_ready: ddp::mark_ready, launch_bucket, finish_bucket };
-                Some(OverlappedBuckets::with_steps(pg.clone(), &params, planned()?, steps)?)
-            }
+            Sync::OverlappedCopying => Some(OverlappedBuckets::with_steps(
+                pg.clone(),
+                &params,
+                planned()?,
+                copying_steps::copying_steps(),
+            )?),
             _ => None,
         };
         let (mut times, mut timeline) = (vec![], None);

@@ -11,6 +11,9 @@
 #              silently empty the listing)
 #   files      every repository path the docs, scripts and code mention
 #              exists, and nothing points at files outside the repository
+#   layering   the imports of src/ and examples/ keep the layers of
+#              docs/architecture.md: no chapter in the library, the training
+#              run or the examples; no chapter in another chapter
 #   stubs      every solution function has its exercise `pub fn`, with the
 #              solution's doc comment and signature, whose body is only the
 #              chapter's todo!("exercise chNN: NAME ...")

@@ -11,6 +11,7 @@ pub mod book_includes; // `includes`: every {{#include}} of the book resolves
 pub mod cargo_json; // cargo's --message-format=json: test executables, errors
 pub mod files_check; // `files`: every repository path the text mentions exists
 pub mod gpu; // is there a GPU? then the GPU tests run, else they are skipped with their reason
+pub mod layering_check; // `layering`: the library never imports a chapter, and the layers go one way
 pub mod libtest_json; // libtest's --format json events, counted per test
 pub mod process; // running a command with a log, an optional time limit
 pub mod report; // the OK/FAIL/SKIP lines and the closing summary line

@@ -17,7 +17,9 @@ use std::time::Instant;
 
 use xtask::report::{Outcome, Report};
 use xtask::selection::{help, parse_args, Request, NEED_LIBTORCH};
-use xtask::{files_check, stubs_check, teeth_check, test_checks, tool_checks, workbook, Context};
+use xtask::{
+    files_check, layering_check, stubs_check, teeth_check, test_checks, tool_checks, workbook, Context,
+};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
             "book" => tool_checks::book(&ctx, &mut report),
             "includes" => tool_checks::includes(&ctx, &mut report),
             "files" => files(&ctx, &mut report),
+            "layering" => layering_check::layering(&ctx, &mut report),
             "stubs" => stubs(&ctx, &mut report),
             "hints" => hints(&ctx, &mut report),
             "runner" => test_checks::runner(&ctx, &mut report),

@@ -10,6 +10,7 @@ pub const CHECKS: &[(&str, &str)] = &[
     ("book", "mdbook build exits 0 and logs no ERROR"),
     ("includes", "every {{#include}} of the book names an existing file, anchor and lines"),
     ("files", "every repository path the docs and code mention exists; nothing points outside the repository"),
+    ("layering", "the imports of src/ and examples/ keep the layers of docs/architecture.md: no chapter in the library, the training run or the examples"),
     ("stubs", "every solution pub fn has its exercise stub, with the same doc comment and signature, whose body is only todo!(\"exercise chNN: NAME ...\")"),
     ("hints", "each exercise has exactly three non-empty graded hints in its hints.md, and its chapter page shows every one"),
     ("runner", "cargo test -p xtask: the runner's and the workbook command's own tests (counted per test)"),

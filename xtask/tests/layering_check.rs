@@ -1,0 +1,127 @@
+//! xtask/tests/layering_check.rs: the `layering` check on this repository
+//! (it must pass) and on small made-up trees with one violation planted in
+//! each (it must name the file, the line and the module).
+//! Run: cargo test -p xtask --test layering_check
+
+use std::path::PathBuf;
+
+use xtask::layering_check::{check_layering, module_path, named_modules, violations_in};
+
+/// A repository holding `files` (path from the root, text).
+fn repo(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let root = std::env::temp_dir().join(format!("xtask-layering-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    for (path, text) in files {
+        let file = path.split('/').fold(root.clone(), |folder, part| folder.join(part));
+        std::fs::create_dir_all(file.parent().expect("a folder")).expect("a temporary folder");
+        std::fs::write(&file, text).expect("written");
+    }
+    root
+}
+
+/// The violations of a made-up tree whose other files all keep the layers.
+fn planted(name: &str, path: &str, text: &str) -> Vec<String> {
+    let keeps = [
+        ("src/ddp/mod.rs", "use crate::dist::Group;\nuse super::models::Mlp;\n"),
+        ("src/ch05_bucketing/mod.rs", "pub use crate::ddp::{Bucket, GradientBuckets};\n"),
+        ("examples/bench_sync.rs", "use ddp_workbook::ddp::naive;\nuse crate::machine::load;\n"),
+    ];
+    let mut files: Vec<(&str, &str)> = keeps.iter().filter(|(p, _)| *p != path).copied().collect();
+    files.push((path, text));
+    let root = repo(name, &files);
+    let outcome = check_layering(&root);
+    let _ = std::fs::remove_dir_all(root);
+    outcome.violations
+}
+
+#[test]
+fn this_repository_keeps_its_layers() {
+    let outcome = check_layering(&xtask::repo_root());
+    assert!(outcome.files_scanned > 50, "it read the crate: {} files", outcome.files_scanned);
+    assert_eq!(outcome.violations, Vec::<String>::new());
+}
+
+#[test]
+fn a_tree_that_keeps_its_layers_passes() {
+    assert_eq!(planted("clean", "src/ddp/step.rs", "use super::wrapper::Ddp;\n"), Vec::<String>::new());
+}
+
+#[test]
+fn an_example_that_imports_a_chapter_fails_naming_the_line_and_the_chapter() {
+    let violations = planted(
+        "example",
+        "examples/bench_sync.rs",
+        "use ddp_workbook::ddp;\nuse ddp_workbook::ch06_overlap::solution;\n",
+    );
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(violations[0].starts_with("examples/bench_sync.rs:2: names `ch06_overlap`"), "{violations:?}");
+}
+
+#[test]
+fn a_chapter_in_a_group_of_the_library_fails() {
+    let violations =
+        planted("group", "src/ddp/buckets.rs", "use crate::{dist::Group, ch05_bucketing::learner};\n");
+    assert!(violations.len() == 1 && violations[0].contains("`ch05_bucketing`"), "{violations:?}");
+}
+
+#[test]
+fn super_paths_are_resolved_from_the_files_own_module() {
+    // From src/ddp/step.rs, `super::` is src/ddp/ and `super::super::` the crate.
+    assert_eq!(planted("super-inside", "src/ddp/step.rs", "use super::train::Loop;\n"), Vec::<String>::new());
+    let violations = planted("super-out", "src/ddp/step.rs", "use super::super::train::AdamW;\n");
+    assert!(violations.len() == 1 && violations[0].contains("`train`"), "{violations:?}");
+    // From src/ddp/mod.rs one `super::` is the crate already.
+    let violations = planted("super-mod", "src/ddp/mod.rs", "use super::ch07_sharding::rows;\n");
+    assert!(violations.len() == 1 && violations[0].contains("`ch07_sharding`"), "{violations:?}");
+}
+
+#[test]
+fn the_process_groups_and_the_bottom_layer_use_nothing_above_them() {
+    let violations = planted("dist", "src/dist/local/world.rs", "use crate::ddp::Bucket;\n");
+    assert!(
+        violations.len() == 1 && violations[0].contains("src/dist/ knows nothing of DDP"),
+        "{violations:?}"
+    );
+    let violations = planted("autograd", "src/autograd/mod.rs", "let m = crate::dist::cause_in_words(&m);\n");
+    assert!(violations.len() == 1 && violations[0].contains("the bottom layer"), "{violations:?}");
+}
+
+#[test]
+fn a_chapter_may_use_the_library_and_itself_but_no_other_chapter() {
+    let ok = "use crate::ddp::Replicated;\nuse crate::ch03_averaging::learner;\nuse super::learner::f;\n";
+    assert_eq!(planted("chapter-ok", "src/ch03_averaging/mod.rs", ok), Vec::<String>::new());
+    let violations = planted("chapter", "src/ch03_averaging/mod.rs", "use crate::ch02_replicas::verify;\n");
+    assert!(
+        violations.len() == 1 && violations[0].contains("never another chapter's files"),
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn doc_examples_and_path_attributes_count_and_plain_comments_do_not() {
+    let text = "// Unlike ddp_workbook::ch06_overlap::solution, this copies nothing.\n\
+                /// ```\n/// use ddp_workbook::ch01_collectives::learner;\n/// ```\n";
+    let violations = planted("comments", "src/ddp/overlap.rs", text);
+    assert!(violations.len() == 1 && violations[0].starts_with("src/ddp/overlap.rs:3:"), "{violations:?}");
+    let violations = planted(
+        "path",
+        "examples/bench_sync.rs",
+        "#[path = \"../src/ch06_overlap/solution.rs\"]\nmod solution;\n",
+    );
+    assert!(violations.len() == 1 && violations[0].contains("`ch06_overlap`"), "{violations:?}");
+}
+
+#[test]
+fn module_paths_and_the_modules_a_line_names() {
+    assert_eq!(module_path("src/dist/local/mod.rs"), ["dist", "local"]);
+    assert_eq!(module_path("src/ddp/buckets.rs"), ["ddp", "buckets"]);
+    assert_eq!(module_path("examples/train.rs"), Vec::<String>::new());
+    let own = module_path("src/train/run.rs");
+    let named = named_modules(&own, true, "use crate::{ddp::{rows, train_step}, dist::Group, tch};");
+    assert_eq!(named, [(1, "ddp".to_string()), (1, "dist".to_string())]);
+    // In an example, `crate::` is the example's own crate.
+    assert_eq!(
+        violations_in("examples/train.rs", "use crate::ch01_collectives::ring;"),
+        Vec::<String>::new()
+    );
+}
