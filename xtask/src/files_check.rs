@@ -10,6 +10,8 @@
 //! `src/.../mod.rs`) are not paths; relative links (`../src/lib.rs`) are left
 //! to the `includes` check.
 
+use crate::report::{Outcome, Report};
+use crate::Context;
 use std::path::Path;
 use std::process::Command;
 
@@ -185,4 +187,31 @@ pub fn check_files(root: &Path) -> Result<FilesOutcome, String> {
         }
     }
     Ok(outcome)
+}
+
+/// The check as the suite runs it: each problem on its own line, then one verdict.
+pub fn files(ctx: &Context, report: &mut Report) {
+    report.section("files: every path the docs and code mention exists, and none points outside");
+    let outcome = match check_files(&ctx.root) {
+        Ok(outcome) => outcome,
+        Err(problem) => return report.check("files", Outcome::Fail, &problem),
+    };
+    outcome.missing.iter().for_each(|line| println!("  {line}"));
+    for mention in &outcome.outside {
+        println!("  outside  {mention}: the repository must stand alone (say it here instead)");
+    }
+    if outcome.missing.is_empty() && outcome.outside.is_empty() {
+        let detail = format!(
+            "{} path mentions in {} files, all present",
+            outcome.paths_checked, outcome.files_scanned
+        );
+        report.check("files", Outcome::Ok, &detail);
+    } else {
+        let detail = format!(
+            "{} mentions of missing paths, {} mentions of files outside the repository",
+            outcome.missing.len(),
+            outcome.outside.len()
+        );
+        report.check("files", Outcome::Fail, &detail);
+    }
 }

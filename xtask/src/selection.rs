@@ -4,26 +4,114 @@
 //! skipped: a run of one part never reads like a run of everything.
 //! Unit tests: xtask/tests/selection.rs (`cargo test -p xtask`).
 
-/// Every check, in the order the suite runs them, with what each one does.
-pub const CHECKS: &[(&str, &str)] = &[
-    ("fmt", "cargo fmt --all --check"),
-    ("book", "mdbook build exits 0 and logs no ERROR"),
-    ("includes", "every {{#include}} of the book names an existing file, anchor and lines"),
-    ("files", "every repository path the docs and code mention exists; nothing points outside the repository"),
-    ("layering", "the imports of src/ and examples/ keep the layers of docs/architecture.md: no chapter in the library, the training run or the examples"),
-    ("stubs", "every solution pub fn has its exercise stub, with the same doc comment and signature, whose body is only todo!(\"exercise chNN: NAME ...\")"),
-    ("hints", "each exercise has exactly three non-empty graded hints in its hints.md, and its chapter page shows every one"),
-    ("runner", "cargo test -p xtask: the runner's and the workbook command's own tests (counted per test)"),
-    ("solutions", "cargo test --features solutions,mpi,nccl: every test and doc test passes (counted per test; the GPU tests run when a GPU is present, else they are skipped with their reason)"),
-    ("teeth", "on the untouched stubs, every test of tests/chapter_NN.rs fails naming `exercise chNN:`, except the controls (tests in a `mod controls`), which pass (one check per chapter)"),
-    ("notebooks", "every notebook runs in the Rust kernel (counted per notebook), is committed clean, and the runner's own tests pass"),
-    ("clippy", "cargo clippy --all-targets --features solutions,mpi,nccl -- -D warnings, and the same for xtask"),
-    ("train", "cargo run --release --features mpi,nccl --example train reaches its accuracy target"),
-    ("mpi", "the same run as 2 processes: scripts/launch.sh -np 2 target/release/examples/train --backend mpi"),
+use crate::report::Report;
+use crate::{
+    files_check, layering_check, stubs_check, teeth_check, test_checks, tool_checks, workbook, Context,
+};
+
+/// One check of the suite: its name (on the command line and in the
+/// report), what it proves (for `--help`), whether it builds or runs the
+/// crate and so needs libtorch, and the code that runs it. The one place
+/// a check is named.
+pub struct Check {
+    pub name: &'static str,
+    pub what: &'static str,
+    pub needs_libtorch: bool,
+    pub run: fn(&Context, &mut Report),
+}
+
+/// Every check, in the order the suite runs them.
+pub static CHECKS: &[Check] = &[
+    Check {
+        name: "fmt",
+        what: "cargo fmt --all --check",
+        needs_libtorch: false,
+        run: tool_checks::fmt,
+    },
+    Check {
+        name: "book",
+        what: "mdbook build exits 0 and logs no ERROR",
+        needs_libtorch: false,
+        run: tool_checks::book,
+    },
+    Check {
+        name: "includes",
+        what: "every {{#include}} of the book names an existing file, anchor and lines",
+        needs_libtorch: false,
+        run: tool_checks::includes,
+    },
+    Check {
+        name: "files",
+        what: "every repository path the docs and code mention exists; nothing points outside the repository",
+        needs_libtorch: false,
+        run: files_check::files,
+    },
+    Check {
+        name: "layering",
+        what: "the imports of src/ and examples/ keep the layers of docs/architecture.md: no chapter in the library, the training run or the examples",
+        needs_libtorch: false,
+        run: layering_check::layering,
+    },
+    Check {
+        name: "stubs",
+        what: "every solution pub fn has its exercise stub, with the same doc comment and signature, whose body is only todo!(\"exercise chNN: NAME ...\")",
+        needs_libtorch: false,
+        run: stubs_check::stubs,
+    },
+    Check {
+        name: "hints",
+        what: "each exercise has exactly three non-empty graded hints in its hints.md, and its chapter page shows every one",
+        needs_libtorch: false,
+        run: workbook::hints::suite_check,
+    },
+    Check {
+        name: "runner",
+        what: "cargo test -p xtask: the runner's and the workbook command's own tests (counted per test)",
+        needs_libtorch: false,
+        run: test_checks::runner,
+    },
+    Check {
+        name: "solutions",
+        what: "cargo test --features solutions,mpi,nccl: every test and doc test passes (counted per test; the GPU tests run when a GPU is present, else they are skipped with their reason)",
+        needs_libtorch: true,
+        run: test_checks::solutions,
+    },
+    Check {
+        name: "teeth",
+        what: "on the untouched stubs, every test of tests/chapter_NN.rs fails naming `exercise chNN:`, except the controls (tests in a `mod controls`), which pass (one check per chapter)",
+        needs_libtorch: true,
+        run: teeth_check::teeth,
+    },
+    Check {
+        name: "notebooks",
+        what: "every notebook runs in the Rust kernel (counted per notebook), is committed clean, and the runner's own tests pass",
+        needs_libtorch: true,
+        run: tool_checks::notebooks,
+    },
+    Check {
+        name: "clippy",
+        what: "cargo clippy --all-targets --features solutions,mpi,nccl -- -D warnings, and the same for xtask",
+        needs_libtorch: true,
+        run: tool_checks::clippy,
+    },
+    Check {
+        name: "train",
+        what: "cargo run --release --features mpi,nccl --example train reaches its accuracy target",
+        needs_libtorch: true,
+        run: tool_checks::train,
+    },
+    Check {
+        name: "mpi",
+        what: "the same run as 2 processes: scripts/launch.sh -np 2 target/release/examples/train --backend mpi",
+        needs_libtorch: true,
+        run: tool_checks::train_mpi,
+    },
 ];
 
-/// The checks that build or run the crate, and so need libtorch.
-pub const NEED_LIBTORCH: &[&str] = &["solutions", "teeth", "notebooks", "clippy", "train", "mpi"];
+/// The check called `name`, if there is one.
+pub fn check_named(name: &str) -> Option<&'static Check> {
+    CHECKS.iter().find(|check| check.name == name)
+}
 
 /// What a command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -62,14 +150,13 @@ pub fn parse_args(args: &[String]) -> Result<Request, String> {
         let value =
             inline_value.or_else(|| args.next().cloned()).ok_or(format!("{flag} needs a list of checks"))?;
         for name in value.split(',').map(str::trim).filter(|name| !name.is_empty()) {
-            let known = CHECKS.iter().find(|(check, _)| *check == name);
-            let (check, _) =
-                known.ok_or(format!("unknown check `{name}` (cargo xtask --help lists them)"))?;
-            list.push(*check);
+            let check =
+                check_named(name).ok_or(format!("unknown check `{name}` (cargo xtask --help lists them)"))?;
+            list.push(check.name);
         }
     }
     let mut selection = Selection::default();
-    for (name, _) in CHECKS {
+    for Check { name, .. } in CHECKS {
         if skip.contains(name) {
             selection.left_out.push((name, "left out with --skip"));
         } else if !only.is_empty() && !only.contains(name) {
@@ -88,7 +175,7 @@ pub fn help() -> String {
          Usage: cargo xtask test [--only CHECK[,CHECK...]] [--skip CHECK[,CHECK...]]\n\n\
          Checks, in the order they run (each runs even when an earlier one failed):\n",
     );
-    for (name, what) in CHECKS {
+    for Check { name, what, .. } in CHECKS {
         text.push_str(&format!("  {name:<10} {what}\n"));
     }
     text.push_str(

@@ -17,7 +17,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::report::{Outcome, Report};
 use crate::rust_source::{blank_comments_and_literals, canonical_signature, public_fns, public_uses, PubFn};
+use crate::Context;
 
 /// What the check found, over every chapter.
 #[derive(Debug, Default)]
@@ -204,4 +206,23 @@ pub fn rust_files_under(dir: &Path) -> Vec<PathBuf> {
     }
     files.sort();
     files
+}
+
+/// The check as the suite runs it: each problem on its own line, then one verdict.
+pub fn stubs(ctx: &Context, report: &mut Report) {
+    report.section(
+        "stubs: each solution function has its stub: same doc comment and signature, only its todo!",
+    );
+    let outcome = check_stubs(&ctx.root);
+    outcome.problems.iter().for_each(|problem| println!("  {problem}"));
+    let counts = format!("{} stubs in {} chapters", outcome.functions, outcome.chapters);
+    if outcome.problems.is_empty() {
+        report.check("stubs", Outcome::Ok, &format!("{counts} match their solutions"));
+    } else {
+        report.check(
+            "stubs",
+            Outcome::Fail,
+            &format!("{counts}: {} problems (above)", outcome.problems.len()),
+        );
+    }
 }

@@ -61,3 +61,15 @@ fn bad_command_lines_say_what_is_wrong() {
     assert!(parse_args(&words("test --only")).is_err_and(|e| e.contains("--only needs a list")));
     assert!(parse_args(&words("check")).is_err_and(|e| e.contains("unknown command `check`")));
 }
+
+#[test]
+fn every_check_is_named_once_in_the_one_table_that_also_runs_it() {
+    use xtask::selection::check_named;
+    for check in CHECKS {
+        let same_name = CHECKS.iter().filter(|other| other.name == check.name).count();
+        assert_eq!(same_name, 1, "`{}` is named {same_name} times", check.name);
+        let found = check_named(check.name).expect("found by its name");
+        assert!(std::ptr::eq(found, check), "`{}` finds its own entry", check.name);
+    }
+    assert!(check_named("tooth").is_none());
+}

@@ -4,6 +4,8 @@
 //! (the book includes the same blocks, collapsed), and which of them the
 //! learner has already seen. Unit tests: xtask/tests/workbook.rs.
 
+use crate::report::{Outcome, Report};
+use crate::Context;
 use std::path::{Path, PathBuf};
 
 /// One hint: for which exercise, which step (1 = the idea, then the API,
@@ -149,4 +151,20 @@ fn page_text(root: &Path, number: &str) -> String {
         })
         .and_then(|p| std::fs::read_to_string(p).ok())
         .unwrap_or_default()
+}
+
+/// The `hints` check as the suite runs it: each problem on its own line,
+/// then one verdict.
+pub fn suite_check(ctx: &Context, report: &mut Report) {
+    report.section("hints: every exercise has exactly three graded hints, and the book shows them");
+    match check_all(&ctx.root) {
+        Ok((count, problems)) if problems.is_empty() => {
+            report.check("hints", Outcome::Ok, &format!("{count} hints, each in its chapter's page"))
+        }
+        Ok((_, problems)) => {
+            problems.iter().for_each(|problem| println!("  {problem}"));
+            report.check("hints", Outcome::Fail, &format!("{} problems (above)", problems.len()));
+        }
+        Err(error) => report.check("hints", Outcome::Fail, &error),
+    }
 }
