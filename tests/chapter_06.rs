@@ -9,8 +9,10 @@
 //! Your code:           `cargo test --test chapter_06`
 //! The reference code:  `cargo test --features solutions --test chapter_06`
 //!
-//! Two modules, one test binary: `chapter_06/steps.rs` tries each of your
-//! three functions alone; `chapter_06/training.rs` trains with all three.
+//! Three modules, one test binary: `chapter_06/steps.rs` tries each of your
+//! three functions alone; `chapter_06/waiting.rs` runs launch and finish on
+//! an all-reduce that delivers its sum only at the wait;
+//! `chapter_06/training.rs` trains with all three.
 
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
@@ -19,3 +21,5 @@ mod common;
 mod steps;
 #[path = "chapter_06/training.rs"]
 mod training;
+#[path = "chapter_06/waiting.rs"]
+mod waiting;

@@ -5,7 +5,8 @@
 //!
 //! 1. `mark_ready`: a hook says a gradient is final; which buckets may leave?
 //! 2. `launch_bucket`: fill a bucket and start its asynchronous all-reduce;
-//! 3. `finish_bucket`: after backward, wait for it, divide, copy back.
+//! 3. `finish_bucket`: after backward, wait for it and leave the mean in
+//!    every gradient (where the division goes is yours to decide).
 //!
 //! Your code:           `cargo test --test chapter_06`
 //! The reference code:  `cargo test --features solutions --test chapter_06`

@@ -1,5 +1,6 @@
-//! Chapter 06 tests, part 1: each of the three steps alone. Compiled into
-//! `cargo test --test chapter_06` (see `tests/chapter_06.rs`).
+//! Chapter 06 tests, part 1: each of the three steps alone; `mark_ready`
+//! under every order of the hooks. Compiled into `cargo test --test
+//! chapter_06` (see `tests/chapter_06.rs`).
 
 use std::sync::mpsc;
 use std::sync::Mutex;
@@ -113,5 +114,53 @@ fn launch_bucket_sends_zeros_for_a_missing_gradient_and_finish_leaves_it_missing
             vec![0.0, 0.0, 1.5, 1.5, 1.5],
             "rank {rank}: the bucket holds zeros in the missing gradient's slot, then the average"
         );
+    }
+}
+
+/// Every order of `items`, by Heap's algorithm.
+fn permutations(items: &[usize]) -> Vec<Vec<usize>> {
+    fn heap(k: usize, items: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if k <= 1 {
+            out.push(items.clone());
+            return;
+        }
+        for i in 0..k {
+            heap(k - 1, items, out);
+            let j = if k % 2 == 0 { i } else { 0 };
+            items.swap(j, k - 1);
+        }
+    }
+    let mut out = vec![];
+    heap(items.len(), &mut items.to_vec(), &mut out);
+    out
+}
+
+#[test]
+fn mark_ready_launches_the_same_buckets_in_the_same_order_whatever_order_the_hooks_fire_in() {
+    // Bucket 0 = {5, 4}, bucket 1 = {3}, bucket 2 = {2, 1, 0}: 720 hook orders.
+    let members: [&[usize]; 3] = [&[5, 4], &[3], &[2, 1, 0]];
+    let buckets = layout(&members);
+    for order in permutations(&[0, 1, 2, 3, 4, 5]) {
+        let mut progress = BucketProgress::new(&buckets, 6);
+        let (mut launched, mut ready) = (vec![], vec![]);
+        for &param in &order {
+            ready.push(param);
+            let got = learner::mark_ready(&mut progress, param);
+            // Computed another way: bucket b may leave once its members and
+            // those of every bucket before it are ready; it leaves at the
+            // first mark after which that holds.
+            let complete = |b: usize| members[..=b].iter().all(|m| m.iter().all(|p| ready.contains(p)));
+            let may_leave = (0..members.len()).take_while(|&b| complete(b)).count();
+            let want: Vec<usize> = (launched.len()..may_leave).collect();
+            assert_eq!(
+                got, want,
+                "hooks firing in the order {order:?}: after parameter {param}, your mark_ready returned \
+                 {got:?}, the chapter expects {want:?}, because a bucket leaves as soon as all its members \
+                 AND every bucket before it are ready, never earlier and never later: another rank whose \
+                 hooks fire in another order must make the same all-reduces in the same order"
+            );
+            launched.extend(got);
+        }
+        assert_eq!(launched, vec![0, 1, 2], "hooks in the order {order:?}: every bucket leaves once");
     }
 }

@@ -2,9 +2,13 @@
 //! `SimpleDistributedDataParallelism`. Compiled into `cargo test --test chapter_06` (see
 //! `tests/chapter_06.rs`).
 //!
-//! Why bitwise. Your buckets hold the same gradients at the same offsets as
-//! chapter 5's, and the all-reduce adds them element by element in rank
-//! order, whenever it runs; so the two syncs must agree exactly.
+//! Why within TOLERANCE and not bitwise against chapter 5. Your buckets hold
+//! the same gradients at the same offsets as chapter 5's, and the all-reduce
+//! adds them element by element in rank order, whenever it runs; so a sync
+//! that divides after the sum, as chapter 5's does, agrees with it exactly.
+//! One that divides each rank's share before the sum (as right, and your
+//! choice) rounds differently in the last bit on 3 ranks. The replicas must
+//! still agree with each other bitwise.
 
 use super::common::{
     global_batches, mlp_with_an_unused_parameter, mse, run, spawn_options, train_single_process, Named,
@@ -85,7 +89,7 @@ fn train_bucketed(pg: Group, optim: Optim) -> anyhow::Result<Vec<Named>> {
 }
 
 #[test]
-fn the_overlapped_step_equals_chapter_5_bitwise_and_one_process_within_tolerance() {
+fn the_overlapped_step_equals_chapter_5_and_one_process_and_the_replicas_each_other_bitwise() {
     let reference = |optim| train_single_process(mlp, optim, &global_batches(&data(), GLOBAL_BATCH, STEPS));
     for (world_size, optim) in [(2, Optim::Sgd), (2, Optim::Adam), (3, Optim::Adam)] {
         let overlapped = run(world_size, |pg| train_overlapped(pg, optim, 1));
@@ -98,11 +102,11 @@ fn the_overlapped_step_equals_chapter_5_bitwise_and_one_process_within_tolerance
                 .unzip();
             compare_replicas(&mine, 0.0)
                 .unwrap_or_else(|report| panic!("{case}: the ranks differ: {report}"));
-            compare_replicas(&[snapshot(&mine[0]), snapshot(&theirs[0])], 0.0).unwrap_or_else(|report| {
+            compare_to_reference(&mine[0], &theirs[0], TOLERANCE).unwrap_or_else(|report| {
                 panic!(
-                    "{case}: your overlapped sync differs from chapter 5's bucketed sync (left) ({report}). \
-                     Same buffers, same sum, then the division: check what launch_bucket puts in each \
-                     slot and what finish_bucket copies back"
+                    "{case}: your overlapped sync differs from chapter 5's bucketed sync ({report}). Same \
+                     buffers, same sum, one division: check what launch_bucket puts in each slot, that \
+                     the world size divides once, and what finish_bucket leaves in each gradient"
                 )
             });
             compare_to_reference(&mine[0], &one_process[step].params, TOLERANCE).unwrap_or_else(|report| {
