@@ -100,3 +100,46 @@ fn gradients_live_in_the_buckets_after_the_first_sync_and_stay_there() {
         assert!(pointers.windows(2).all(|w| w[0] == w[1]), "rank {rank}: a gradient moved between steps");
     }
 }
+
+#[test]
+fn train_step_and_check_micro_batches_refuse_the_same_micro_batches_in_the_same_words() {
+    use ddp_workbook::ddp::{check_micro_batches, train_step};
+    use ddp_workbook::tch::{nn, nn::OptimizerConfig, Tensor};
+    let refusals = spawn_with(spawn_options(2), |pg| {
+        let (vs, model) = Mlp::seeded(2, SIZES, Kind::Double);
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, SMALL)?;
+        let mut sgd = nn::Sgd::default().build(&vs, 0.1)?;
+        let data = Regression::new(1, 8, 4, 1, Kind::Double);
+        let mut refused = vec![];
+        for sizes in [vec![2, 1], vec![0, 0], vec![]] {
+            // Consecutive rows: [0, 1], [2] for sizes [2, 1].
+            let lists: Vec<Vec<i64>> = sizes
+                .iter()
+                .scan(0, |start, &n| {
+                    *start += n;
+                    Some((*start - n..*start).collect())
+                })
+                .collect();
+            let lists: Vec<&[i64]> = lists.iter().map(Vec::as_slice).collect();
+            let stepped = train_step(&ddp, &mut sgd, &lists, |rows| {
+                let index = Tensor::from_slice(rows);
+                mse(&ddp.forward(&data.x.index_select(0, &index)), &data.y.index_select(0, &index))
+            });
+            let tensors: Vec<(Tensor, Tensor)> =
+                sizes.iter().map(|&n| (data.x.narrow(0, 0, n), data.y.narrow(0, 0, n))).collect();
+            let checked = check_micro_batches(&tensors);
+            match (stepped, checked) {
+                (Err(step), Err(check)) => refused.push((step.to_string(), check.to_string())),
+                other => anyhow::bail!("sizes {sizes:?} must be refused by both: {other:?}"),
+            }
+        }
+        Ok(refused)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    for (rank, refused) in refusals.iter().enumerate() {
+        for (step, check) in refused {
+            assert!(step.starts_with(&format!("rank {rank}: invalid train_step: ")), "{step}");
+            assert!(step.ends_with(check.as_str()), "the same words:\n  {step}\n  {check}");
+        }
+    }
+}

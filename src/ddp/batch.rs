@@ -30,7 +30,9 @@ pub enum AccumulationError {
         "the micro-batches must be non-empty and all have the same number of rows, inputs and targets alike; \
          got (input rows, target rows) = {sizes:?}. Dividing each micro-batch's mean loss by k \
          weighs the micro-batches equally, which gives the mean over all rows only when they \
-         are the same size: cut them with `split_micro_batches`"
+         are the same size: cut tensors with `split_micro_batches`, and a list of indices with \
+         `chunks_exact(micro_batch)`, skipping what is left over (every rank gets the same \
+         count from a DistributedSampler, so all skip alike)"
     )]
     UnequalMicroBatches { sizes: Vec<(i64, i64)> },
 
@@ -136,7 +138,15 @@ pub fn split_micro_batches(
 /// and all of the same size. Returns k, their number.
 pub fn check_micro_batches(micro_batches: &[(Tensor, Tensor)]) -> Result<i64, AccumulationError> {
     let rows = |t: &Tensor| t.size().first().copied().unwrap_or(0);
-    let sizes: Vec<(i64, i64)> = micro_batches.iter().map(|(x, y)| (rows(x), rows(y))).collect();
+    check_micro_batch_sizes(micro_batches.iter().map(|(x, y)| (rows(x), rows(y))).collect())
+}
+
+/// The one rule for a step's micro-batches, whether cut from tensors (the
+/// check above) or lists of indices (`train_step`): at least one, and all
+/// of the same non-zero size, inputs and targets alike. Dividing each
+/// micro-batch's mean loss by k gives the mean over all rows only then.
+/// Returns k. `sizes`: (input rows, target rows) of each micro-batch.
+pub(super) fn check_micro_batch_sizes(sizes: Vec<(i64, i64)>) -> Result<i64, AccumulationError> {
     let Some(&(first, _)) = sizes.first() else {
         return Err(AccumulationError::NoMicroBatches { accumulation_steps: 0 });
     };

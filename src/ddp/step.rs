@@ -9,6 +9,7 @@
 use tch::nn::{self, Module};
 use tch::{TchError, Tensor};
 
+use super::batch::check_micro_batch_sizes;
 use super::buckets::FlatGroups;
 use super::wrapper::SimpleDistributedDataParallelism;
 use crate::dist::DistError;
@@ -103,17 +104,13 @@ pub fn train_step_with<M: Module, O: StepOptimizer>(
 }
 // ANCHOR_END: train_step
 
-/// At least one micro-batch, all of the same non-zero size: dividing each
-/// micro-batch's mean loss by k gives the mean over all rows only then.
+/// `batch.rs`'s rule for micro-batches, for lists of indices (the rows of
+/// their inputs and targets alike), as an error that names this rank.
 fn check_micro_batches(rank: usize, micro_batches: &[&[i64]]) -> Result<(), DistError> {
-    let sizes: Vec<usize> = micro_batches.iter().map(|m| m.len()).collect();
-    if sizes.is_empty() || sizes[0] == 0 || sizes.iter().any(|&s| s != sizes[0]) {
-        let detail = format!(
-            "the micro-batches must be at least one, all of the same non-zero size; got sizes {sizes:?}. \
-             Cut this rank's indices with `chunks_exact(micro_batch)` and skip what is left over \
-             (every rank gets the same count from a DistributedSampler, so all skip alike)"
-        );
-        return Err(DistError::Invalid { rank, op: "train_step".into(), detail });
-    }
-    Ok(())
+    let sizes = micro_batches.iter().map(|m| (m.len() as i64, m.len() as i64)).collect();
+    check_micro_batch_sizes(sizes).map(|_k| ()).map_err(|error| DistError::Invalid {
+        rank,
+        op: "train_step".into(),
+        detail: error.to_string(),
+    })
 }
