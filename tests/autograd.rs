@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use approx::{abs_diff_eq, relative_eq};
 use ddp_workbook::autograd::{set_grad, AutogradError, GradReadyHooks};
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::nn::Module;
@@ -65,7 +66,10 @@ fn a_second_backward_fires_again_after_accumulating() {
     assert_eq!(second.len(), params.len(), "one call per parameter per backward");
     for ((i, a), (j, b)) in first.iter().zip(&second) {
         assert_eq!(i, j);
-        assert!((b - 2.0 * a).abs() <= 1e-12 * a.abs().max(1.0), "parameter {i}: {b} is not twice {a}");
+        assert!(
+            relative_eq!(*b, 2.0 * a, epsilon = 1e-12, max_relative = 1e-12),
+            "parameter {i}: {b} is not twice {a}"
+        );
     }
 }
 
@@ -115,7 +119,7 @@ fn an_installed_gradient_is_where_backward_accumulates_and_zero_grad_zeroes() {
     let from_params: f64 = params.iter().map(|(_, p)| p.grad().sum(Kind::Double).double_value(&[])).sum();
     let in_flat = flat.sum(Kind::Double).double_value(&[]);
     assert!(
-        in_flat != 0.0 && (in_flat - from_params).abs() < 1e-12,
+        in_flat != 0.0 && abs_diff_eq!(in_flat, from_params, epsilon = 1e-12),
         "flat {in_flat} vs gradients {from_params}"
     );
     assert_eq!(params[0].1.grad().data_ptr(), flat.data_ptr(), "the first gradient is the buffer's start");

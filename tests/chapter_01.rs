@@ -21,6 +21,8 @@ mod waiting_sends;
 
 use std::time::Duration;
 
+use approx::abs_diff_eq;
+
 use ddp_workbook::ch01_collectives::{chunk_lengths, learner, ring_all_reduce, split_into_chunks};
 use ddp_workbook::dist::{spawn_with, CommStats, DistError, ProcessGroup, ReduceOp, SpawnOptions};
 use ddp_workbook::tch::{Device, Kind, Tensor};
@@ -107,7 +109,7 @@ fn same(a: f64, b: f64, tolerance: f64) -> bool {
     if tolerance == 0.0 {
         a.to_bits() == b.to_bits()
     } else {
-        (a - b).abs() <= tolerance
+        abs_diff_eq!(a, b, epsilon = tolerance)
     }
 }
 
@@ -262,7 +264,7 @@ fn each_rank_sends_two_n_minus_one_over_n_of_the_buffer() {
                 let ideal = 2.0 * (world_size as f64 - 1.0) / world_size as f64;
                 // Each chunk is within one element of len / N, and two chunks are skipped.
                 assert!(
-                    (ratio - ideal).abs() <= 2.0 / len as f64,
+                    abs_diff_eq!(ratio, ideal, epsilon = 2.0 / len as f64),
                     "{case}: rank {rank} sent {ratio:.3} times the buffer, 2(N-1)/N = {ideal:.3}"
                 );
             }

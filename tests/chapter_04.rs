@@ -33,6 +33,7 @@ mod edge_cases;
 #[path = "chapter_04/training.rs"]
 mod training;
 
+use approx::abs_diff_eq;
 use ddp_workbook::check::{max_reference_diff, max_replica_diff, snapshot};
 use training::*;
 
@@ -118,7 +119,7 @@ fn negative_control_forgetting_to_divide_by_k_makes_the_gradient_k_times_too_big
         "without / k the SGD step should be wrong, yet it is {sgd_off:.3e} off"
     );
     assert!(
-        (mean_loss - k as f64 * reference[0].loss).abs() <= k as f64 * TOLERANCE,
+        abs_diff_eq!(mean_loss, k as f64 * reference[0].loss, epsilon = k as f64 * TOLERANCE),
         "without / k the loss is k times the mean"
     );
     // The replicas still agree with each other: this bug does not show as drift.

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use approx::abs_diff_eq;
 use ddp_workbook::data::{masked_accuracy, masked_cross_entropy, Pattern, Regression, TokenTask};
 use ddp_workbook::dist::spawn;
 use ddp_workbook::models::{named_buffers, named_parameters, Gpt, GptConfig, Mlp};
@@ -218,7 +219,7 @@ fn masked_loss_and_accuracy_have_their_landmarks() {
     let (_, targets, mask) = task.batch(0, 16);
     let uniform = Tensor::zeros([16, 12, 9], (Kind::Double, Device::Cpu));
     let loss = masked_cross_entropy(&uniform, &targets, &mask).double_value(&[]);
-    assert!((loss - 9f64.ln()).abs() < 1e-12, "uniform logits score ln(vocab), got {loss}");
+    assert!(abs_diff_eq!(loss, 9f64.ln(), epsilon = 1e-12), "uniform logits score ln(vocab), got {loss}");
     let perfect = targets.one_hot(9).to_kind(Kind::Double) * 50.0; // [16, 12, 9]
     assert!(masked_cross_entropy(&perfect, &targets, &mask).double_value(&[]) < 1e-12);
     assert_eq!(masked_accuracy(&perfect, &targets, &mask), 1.0);

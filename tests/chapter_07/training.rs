@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use approx::abs_diff_eq;
 use ddp_workbook::ch07_sharding::{
     rows, shard, shard_len, train_step, BucketCaps, DistributedSampler, SimpleDistributedDataParallelism,
 };
@@ -227,7 +228,7 @@ fn the_whole_loop_on_2_and_3_ranks_equals_one_process_on_the_global_batch() {
             runs[0].losses.iter().zip(reference.iter().map(|s| s.loss)).enumerate()
         {
             assert!(
-                (ddp_loss - one).abs() <= TOLERANCE,
+                abs_diff_eq!(ddp_loss, one, epsilon = TOLERANCE),
                 "step {step}: logged loss {ddp_loss} != global batch's {one}"
             );
         }

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use approx::relative_eq;
 use ddp_workbook::dist::ReduceOp;
 use ddp_workbook::tch::{Kind, Tensor};
 
@@ -42,7 +43,10 @@ fn assert_close(got: &Tensor, want: &[f64], what: &str) {
         _ => 0.0,
     };
     for (i, (g, w)) in values(got).iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tolerance * w.abs().max(1.0), "{what}: element {i} is {g}, expected {w}");
+        assert!(
+            relative_eq!(g, w, epsilon = tolerance, max_relative = tolerance),
+            "{what}: element {i} is {g}, expected {w}"
+        );
     }
 }
 

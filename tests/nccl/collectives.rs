@@ -3,6 +3,7 @@
 //! what each rank held, and the refusals in words. Needs a GPU; run with
 //!   cargo test --features nccl --test nccl -- --include-ignored
 
+use approx::{abs_diff_eq, relative_eq};
 use ddp_workbook::dist::{nccl, ReduceOp};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 
@@ -51,7 +52,7 @@ fn reductions_give_each_operation_its_own_result_on_every_gpu() {
             let mut t = Tensor::from_slice(&mine).to_device(gpu);
             pg.all_reduce(&mut t, op)?;
             let got = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
-            let close = got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-12 * w.abs().max(1.0));
+            let close = relative_eq!(got.as_slice(), want.as_slice(), epsilon = 1e-12, max_relative = 1e-12);
             anyhow::ensure!(close, "rank {}: all_reduce({op:?}) gave {got:?}, expected {want:?}", pg.rank());
         }
         // The asynchronous path: the call returns, the wait polls the event.
@@ -59,7 +60,7 @@ fn reductions_give_each_operation_its_own_result_on_every_gpu() {
         pg.all_reduce_async(&avg, ReduceOp::Avg)?.wait()?;
         let want = expected[4][0] as f32;
         anyhow::ensure!(
-            (avg.double_value(&[0]) as f32 - want).abs() < 1e-5,
+            abs_diff_eq!(avg.double_value(&[0]) as f32, want, epsilon = 1e-5),
             "async avg {avg:?}, want {want}"
         );
         // A CPU tensor is staged through the GPU and copied back.
