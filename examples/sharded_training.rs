@@ -13,7 +13,8 @@ use std::process::ExitCode;
 
 use ddp_workbook::data::Regression;
 use ddp_workbook::ddp::{
-    micro_batch_size, rows, train_step, BucketCaps, DistributedSampler, SimpleDistributedDataParallelism,
+    micro_batch_size, rows, train_step, BucketCaps, DistributedSampler, SamplerOptions,
+    SimpleDistributedDataParallelism,
 };
 use ddp_workbook::dist::{spawn, Group};
 use ddp_workbook::models::Mlp;
@@ -45,7 +46,8 @@ fn train_rank(pg: Group, checkpoint: &Path) -> anyhow::Result<RankSummary> {
     // The same data and the same initial weights on every rank: same seeds.
     let data = Regression::new(DATA_SEED, DATASET_LEN, 4, 1, Kind::Double); // x [191, 4], y [191, 1]
     let (vs, mlp) = Mlp::seeded(MODEL_SEED, &[4, 16, 16, 1], Kind::Double);
-    let mut sampler = DistributedSampler::for_group(pg.as_ref(), data.len(), true, SAMPLER_SEED, false)?;
+    let options = SamplerOptions { seed: SAMPLER_SEED, ..SamplerOptions::default() }; // shuffled, tail padded
+    let mut sampler = DistributedSampler::sharded(pg.as_ref(), data.len(), options)?;
     let micro = micro_batch_size(GLOBAL_BATCH, pg.world_size(), ACCUMULATION_STEPS)? as usize; // rows
     let ddp = SimpleDistributedDataParallelism::with_bucket_caps(mlp, &vs, pg, CAPS)?; // checks the replicas
     let mut optimizer = nn::Sgd::default().build(&vs, LR)?;

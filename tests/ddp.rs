@@ -143,3 +143,22 @@ fn train_step_and_check_micro_batches_refuse_the_same_micro_batches_in_the_same_
         }
     }
 }
+
+#[test]
+fn sampler_options_name_pytorchs_keyword_arguments_with_its_defaults() {
+    use ddp_workbook::ddp::{permutation, shard_indices, DistributedSampler, SamplerOptions};
+    // torch.utils.data.DistributedSampler(shuffle=True, seed=0, drop_last=False)
+    assert_eq!(SamplerOptions::default(), SamplerOptions { shuffle: true, seed: 0, drop_last: false });
+    let shards = spawn_with(spawn_options(3), |pg| {
+        let options = SamplerOptions { seed: 7, ..SamplerOptions::default() };
+        let mut sampler = DistributedSampler::sharded(pg.as_ref(), 10, options)?;
+        sampler.set_epoch(2);
+        Ok(sampler.indices())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // The same shards from the sampler's parts: the order drawn from seed + epoch, padded, strided.
+    let order = permutation(10, 9);
+    for (rank, shard) in shards.iter().enumerate() {
+        assert_eq!(shard, &shard_indices(&order, 3, rank, false), "rank {rank}");
+    }
+}

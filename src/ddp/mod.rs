@@ -13,6 +13,7 @@
 //! | the buckets, gradients kept in them: [`GradientBuckets`] | `buckets.rs` | 5, 6 |
 //! | planning them, and the copying sync: [`sync_bucket`] | `bucketed.rs` | 5 |
 //! | the sampler: [`DistributedSampler`], [`epoch_shard`], [`shard_indices`] | `sampler.rs` | 7 |
+//! | what it is built from: [`SamplerOptions`], [`SamplerError`] | `sampler_options.rs` | 7 |
 //! | buckets that leave during backward: [`OverlappedBuckets`] | `overlap.rs` | 6 |
 //! | its pluggable steps: [`mark_ready`], [`OverlapSteps`] | `overlap_steps.rs` | 6 |
 //! | buckets re-planned from the observed order: [`agree_on_order`] | `replan.rs` | 6 |
@@ -49,6 +50,7 @@ mod replan;
 mod replicas;
 mod replicated;
 mod sampler;
+mod sampler_options;
 mod step;
 mod unused;
 mod wrapper;
@@ -66,8 +68,7 @@ pub use overlap_steps::{mark_ready, BucketProgress, FinishBucket, LaunchBucket, 
 pub use replan::agree_on_order;
 pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, Named, ReplicaCheck};
 pub use replicated::Replicated;
-pub use sampler::{
-    epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler, SamplerError,
-};
+pub use sampler::{epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler};
+pub use sampler_options::{SamplerError, SamplerOptions};
 pub use step::{train_step, train_step_with, StepOptimizer};
 pub use wrapper::SimpleDistributedDataParallelism;

@@ -6,6 +6,7 @@
 
 use tch::Tensor;
 
+use super::sampler_options::{SamplerError, SamplerOptions};
 use crate::dist::ProcessGroup;
 
 // ANCHOR: permutation
@@ -55,29 +56,6 @@ pub fn permutation(len: usize, seed: u64) -> Vec<i64> {
 }
 // ANCHOR_END: permutation
 
-/// Why a sampler could not be built. Each message says what to change.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SamplerError {
-    #[error("a DistributedSampler needs at least one replica, got num_replicas = 0: pass pg.world_size()")]
-    NoReplicas,
-
-    #[error(
-        "rank {rank} is not a rank of {num_replicas} replica(s) (ranks are 0..{num_replicas}): \
-         pass pg.rank() and pg.world_size() of the same process group"
-    )]
-    RankOutOfRange { rank: usize, num_replicas: usize },
-
-    #[error("the data set length must not be negative, got {dataset_len}")]
-    NegativeLength { dataset_len: i64 },
-
-    #[error(
-        "{dataset_len} example(s) over {num_replicas} replica(s) leave every rank an empty shard \
-         (drop_last = {drop_last}): an epoch would train on nothing. Use a larger data set, \
-         fewer ranks, or drop_last = false (which pads by repeating examples)"
-    )]
-    EmptyShards { dataset_len: i64, num_replicas: usize, drop_last: bool },
-}
-
 // ANCHOR: sampler
 /// Hands each rank its own part of a data set of `dataset_len` examples,
 /// every epoch, with the semantics of PyTorch's
@@ -108,16 +86,16 @@ pub struct DistributedSampler {
 }
 
 impl DistributedSampler {
-    /// A sampler for rank `rank` of `num_replicas`, at epoch 0. Pass the same
-    /// `dataset_len`, `shuffle`, `seed` and `drop_last` on every rank.
-    pub fn new(
+    /// A sampler for rank `rank` of `num_replicas`, at epoch 0, ordering and
+    /// cutting each epoch as `options` say. Pass the same `dataset_len` and
+    /// `options` on every rank.
+    pub fn with_options(
         dataset_len: i64,
         num_replicas: usize,
         rank: usize,
-        shuffle: bool,
-        seed: u64,
-        drop_last: bool,
+        options: SamplerOptions,
     ) -> Result<DistributedSampler, SamplerError> {
+        let SamplerOptions { shuffle, seed, drop_last } = options;
         if num_replicas == 0 {
             return Err(SamplerError::NoReplicas);
         }
@@ -135,8 +113,33 @@ impl DistributedSampler {
         Ok(DistributedSampler { dataset_len, num_replicas, rank, shuffle, seed, drop_last, epoch: 0 })
     }
 
-    /// [`new`](Self::new) with this rank's place in `pg`:
-    /// `new(dataset_len, pg.world_size(), pg.rank(), shuffle, seed, drop_last)`.
+    /// [`with_options`](Self::with_options) with this rank's place in `pg`:
+    /// this rank's shard of a data set of `dataset_len` examples, e.g.
+    /// `DistributedSampler::sharded(pg, len, SamplerOptions { seed, ..Default::default() })`.
+    pub fn sharded(
+        pg: &dyn ProcessGroup,
+        dataset_len: i64,
+        options: SamplerOptions,
+    ) -> Result<DistributedSampler, SamplerError> {
+        DistributedSampler::with_options(dataset_len, pg.world_size(), pg.rank(), options)
+    }
+
+    /// [`with_options`](Self::with_options) with PyTorch's positional
+    /// arguments: `new(len, n, rank, shuffle, seed, drop_last)`.
+    pub fn new(
+        dataset_len: i64,
+        num_replicas: usize,
+        rank: usize,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+    ) -> Result<DistributedSampler, SamplerError> {
+        let options = SamplerOptions { shuffle, seed, drop_last };
+        DistributedSampler::with_options(dataset_len, num_replicas, rank, options)
+    }
+
+    /// [`sharded`](Self::sharded) with positional arguments:
+    /// `for_group(pg, len, shuffle, seed, drop_last)`.
     pub fn for_group(
         pg: &dyn ProcessGroup,
         dataset_len: i64,
@@ -144,7 +147,7 @@ impl DistributedSampler {
         seed: u64,
         drop_last: bool,
     ) -> Result<DistributedSampler, SamplerError> {
-        DistributedSampler::new(dataset_len, pg.world_size(), pg.rank(), shuffle, seed, drop_last)
+        DistributedSampler::sharded(pg, dataset_len, SamplerOptions { shuffle, seed, drop_last })
     }
 
     /// Chooses the epoch whose order [`indices`](Self::indices) returns.

@@ -16,7 +16,8 @@ use super::{Evaluation, Event, RankOutcome, TrainConfig};
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
 use crate::ddp::{
-    rows, train_step_with, BucketCaps, DistributedSampler, SimpleDistributedDataParallelism, MIB,
+    rows, train_step_with, BucketCaps, DistributedSampler, SamplerOptions, SimpleDistributedDataParallelism,
+    MIB,
 };
 use crate::dist::Group;
 use crate::models::{named_buffers, named_parameters, Gpt, GptConfig};
@@ -122,7 +123,8 @@ pub fn train_rank(
         optimizer.load_state(&saved.optimizer).map_err(invalid)?;
         progress = saved.progress;
     }
-    let sampler = DistributedSampler::for_group(pg.as_ref(), task.len(), true, config.seed, false)?;
+    let options = SamplerOptions { seed: config.seed, ..SamplerOptions::default() }; // shuffled, tail padded
+    let sampler = DistributedSampler::sharded(pg.as_ref(), task.len(), options)?;
     let mut cursor = ShardCursor::new(sampler, progress.epoch as u64, progress.position as usize);
     // ANCHOR_END: setup
 
