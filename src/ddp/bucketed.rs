@@ -1,3 +1,8 @@
+//! Spoiler: this file holds the reference answer to chapter 5's `sync_bucket`
+//! (`src/ch05_bucketing/exercise.rs`). Working through the book? Write yours
+//! first; the book shows the parts of this file you need, and the answer at
+//! the end of the chapter.
+//!
 //! The bucketed gradient sync: a model's gradients travel in a few flat
 //! buffers, one all-reduce per bucket. Here a [`GradientBuckets`] is planned
 //! (its layout from `layout.rs`, checked to be the same on every rank) and

@@ -1,3 +1,10 @@
+//! Spoiler: this file holds the library's answers to chapter 5's
+//! `sync_bucket` and chapter 6's `launch_bucket` and `finish_bucket`
+//! (`src/ch05_bucketing/exercise.rs`, `src/ch06_overlap/exercise.rs`), with
+//! the gradients kept in the buckets. Working through the book? Write yours
+//! first; the book shows the parts of this file you need, and the answer at
+//! the end of the chapter.
+//!
 //! The one home of a model's gradient buckets: [`GradientBuckets`] holds the
 //! layout, one flat buffer per bucket, and where each parameter's slot lies
 //! in it, computed once when the layout is planned. Everything that puts a

@@ -1,3 +1,8 @@
+//! Spoiler: this file holds the reference answer to chapter 5's
+//! `plan_buckets` (`src/ch05_bucketing/exercise.rs`). Working through the
+//! book? Write yours first; the book shows the parts of this file you need,
+//! and the answer at the end of the chapter.
+//!
 //! Bucket layouts: which gradients travel together, in one flat buffer and
 //! one all-reduce. [`plan_buckets`] computes the layout once, at
 //! construction, from the parameters' sizes, dtypes and devices; chapter 5 of

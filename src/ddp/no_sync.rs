@@ -1,3 +1,9 @@
+//! Spoiler: this file holds the reference answer to chapter 4's
+//! `begin_no_sync` (`src/ch04_accumulation/exercise.rs`), inside
+//! `SyncSwitch::no_sync`. Working through the book? Write yours first; the
+//! book shows the parts of this file you need, and the answer at the end of
+//! the chapter.
+//!
 //! The `no_sync` switch: while a scope is open, `backward` only accumulates
 //! gradients on this rank and sends nothing (PyTorch's
 //! `require_backward_grad_sync` and `DistributedDataParallel.no_sync()`).

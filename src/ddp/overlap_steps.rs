@@ -1,3 +1,8 @@
+//! Spoiler: this file holds the library's answer to chapter 6's `mark_ready`
+//! (`src/ch06_overlap/exercise.rs`). Working through the book? Write yours
+//! first; the book shows the parts of this file you need, and the answer at
+//! the end of the chapter.
+//!
 //! The three steps of an overlapped sync, as functions that
 //! [`OverlappedBuckets`](super::OverlappedBuckets) can call: `mark_ready`
 //! (a hook says a gradient is final: which buckets may leave now?),
