@@ -18,11 +18,12 @@
 
 use std::fmt;
 
+use crate::models::Named;
 use tch::{Kind, Tensor};
 
 /// Detached copies of named tensors: safe to keep after the model changes,
 /// and safe to return from a rank thread (each copy owns its storage).
-pub fn snapshot(named: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+pub fn snapshot(named: &[Named]) -> Vec<Named> {
     tch::no_grad(|| named.iter().map(|(name, t)| (name.clone(), t.detach().copy())).collect())
 }
 
@@ -204,8 +205,8 @@ impl std::error::Error for ReplicaReport {}
 /// Compares `candidate` with `reference` tensor by tensor, matched by name.
 fn differences(
     rank: Option<usize>,
-    candidate: &[(String, Tensor)],
-    reference: &[(String, Tensor)],
+    candidate: &[Named],
+    reference: &[Named],
     tolerance: f64,
 ) -> Vec<Difference> {
     let mut found = Vec::new();
@@ -240,7 +241,7 @@ fn differences(
 /// `tolerance` (largest absolute difference; use 0.0 for "bitwise equal").
 /// `per_rank[r]` is rank `r`'s list, e.g. a [`snapshot`] returned by
 /// `spawn`.
-pub fn compare_replicas(per_rank: &[Vec<(String, Tensor)>], tolerance: f64) -> Result<(), ReplicaReport> {
+pub fn compare_replicas(per_rank: &[Vec<Named>], tolerance: f64) -> Result<(), ReplicaReport> {
     let Some((rank0, others)) = per_rank.split_first() else {
         return Ok(());
     };
@@ -259,8 +260,8 @@ pub fn compare_replicas(per_rank: &[Vec<(String, Tensor)>], tolerance: f64) -> R
 /// Checks that a DDP model's tensors (any rank's) equal those of one process
 /// trained on the concatenated global batch, within `tolerance`.
 pub fn compare_to_reference(
-    ddp_params: &[(String, Tensor)],
-    single_process_params: &[(String, Tensor)],
+    ddp_params: &[Named],
+    single_process_params: &[Named],
     tolerance: f64,
 ) -> Result<(), ReplicaReport> {
     let found = differences(None, ddp_params, single_process_params, tolerance);
@@ -274,7 +275,7 @@ pub fn compare_to_reference(
 /// The largest difference between any rank's tensor and rank 0's: the number
 /// to print next to a tolerance, or to prove that replicas really diverged.
 /// Infinity when the ranks do not hold the same tensors; NaN if any value is.
-pub fn max_replica_diff(per_rank: &[Vec<(String, Tensor)>]) -> f64 {
+pub fn max_replica_diff(per_rank: &[Vec<Named>]) -> f64 {
     match compare_replicas(per_rank, 0.0) {
         Ok(()) => 0.0,
         Err(report) => report.largest_difference(),
@@ -283,10 +284,7 @@ pub fn max_replica_diff(per_rank: &[Vec<(String, Tensor)>]) -> f64 {
 
 /// The largest difference between a DDP model and the single-process
 /// reference (see [`max_replica_diff`]).
-pub fn max_reference_diff(
-    ddp_params: &[(String, Tensor)],
-    single_process_params: &[(String, Tensor)],
-) -> f64 {
+pub fn max_reference_diff(ddp_params: &[Named], single_process_params: &[Named]) -> f64 {
     match compare_to_reference(ddp_params, single_process_params, 0.0) {
         Ok(()) => 0.0,
         Err(report) => report.largest_difference(),

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use approx::abs_diff_eq;
 use ddp_workbook::data::{masked_accuracy, masked_cross_entropy, Pattern, Regression, TokenTask};
+use ddp_workbook::ddp::Named;
 use ddp_workbook::dist::spawn;
 use ddp_workbook::models::{named_buffers, named_parameters, Gpt, GptConfig, Mlp};
 use ddp_workbook::tch::nn::{Adam, Module, OptimizerConfig, VarStore};
@@ -19,7 +20,7 @@ fn small_gpt_config() -> GptConfig {
     GptConfig { vocab_size: 9, block_size: 12, n_layer: 2, n_head: 2, n_embd: 16 }
 }
 
-fn names(list: &[(String, Tensor)]) -> Vec<String> {
+fn names(list: &[Named]) -> Vec<String> {
     list.iter().map(|(name, _)| name.clone()).collect()
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use ddp_workbook::check::{compare_replicas, max_reference_diff, snapshot};
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
+use ddp_workbook::ddp::Named;
 use ddp_workbook::dist::{self, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
@@ -51,7 +52,7 @@ fn scratch(test: &str) -> PathBuf {
 }
 
 /// Panics, naming the first tensor that differs, unless `a` and `b` are bitwise equal.
-fn assert_bitwise_equal(a: &[(String, Tensor)], b: &[(String, Tensor)], what: &str) {
+fn assert_bitwise_equal(a: &[Named], b: &[Named], what: &str) {
     let largest = max_reference_diff(a, b);
     assert!(
         largest == 0.0,
@@ -231,7 +232,7 @@ fn the_checkpoint_holds_rank_0s_weights_and_loads_into_a_fresh_model() {
     let cfg = GptConfig { vocab_size: task.vocab_size(), ..GptConfig::tiny() };
     let (vs, _gpt) = Gpt::seeded(99, &cfg, Kind::Float);
     checkpoint::load_model_weights(&vs, &path).unwrap_or_else(|e| panic!("{e}"));
-    let mut loaded: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    let mut loaded: Vec<Named> = vs.variables().into_iter().collect();
     loaded.sort_by(|a, b| a.0.cmp(&b.0));
     let mut rank0 = snapshot(&outcome[0].weights);
     rank0.sort_by(|a, b| a.0.cmp(&b.0));

@@ -5,6 +5,7 @@
 //! an example never imports a chapter (docs/architecture.md). Included by
 //! bench_overlap.rs with `#[path = "support/copying_steps.rs"] mod copying_steps;`.
 
+use ddp_workbook::ddp::Named;
 use ddp_workbook::ddp::{self, Bucket, OverlapSteps};
 use ddp_workbook::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::{self, Tensor};
@@ -19,7 +20,7 @@ fn slots(
     pg: &dyn ProcessGroup,
     bucket: &Bucket,
     buffer: &Tensor,
-    params: &[(String, Tensor)],
+    params: &[Named],
 ) -> Result<Vec<Tensor>, DistError> {
     let sizes: Vec<i64> = bucket.params.iter().map(|&index| params[index].1.numel() as i64).collect();
     buffer.f_split_with_sizes(sizes.as_slice(), 0).map_err(torch_error(pg, "cutting a bucket into slots"))
@@ -31,7 +32,7 @@ fn launch_bucket(
     pg: &dyn ProcessGroup,
     bucket: &Bucket,
     buffer: &mut Tensor,
-    params: &[(String, Tensor)],
+    params: &[Named],
 ) -> Result<Work, DistError> {
     tch::no_grad(|| {
         for (&index, slot) in bucket.params.iter().zip(slots(pg, bucket, buffer, params)?) {
@@ -51,7 +52,7 @@ fn finish_bucket(
     bucket: &Bucket,
     buffer: &mut Tensor,
     work: Work,
-    params: &[(String, Tensor)],
+    params: &[Named],
 ) -> Result<(), DistError> {
     work.wait()?;
     tch::no_grad(|| {

@@ -18,6 +18,7 @@ use super::buckets::GradientBuckets;
 use super::layout::{self, plan_buckets, Bucket, BucketCaps, ParamMeta};
 use super::replicas::InitError;
 use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp};
+use crate::models::Named;
 
 /// Why a model could not be wrapped with buckets.
 #[derive(Debug, thiserror::Error)]
@@ -56,17 +57,12 @@ pub enum BucketingError {
 /// How a layout is planned: [`plan_buckets`], or a learner's (chapter 5).
 pub type PlanBuckets = fn(&[ParamMeta], usize, usize) -> Vec<Bucket>;
 /// How one bucket is averaged: [`sync_bucket`], or a learner's (chapter 5).
-pub type SyncBucket =
-    fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[(String, Tensor)]) -> Result<(), DistError>;
+pub type SyncBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[Named]) -> Result<(), DistError>;
 
 // ANCHOR: gradient_buckets
 impl GradientBuckets {
     /// Plans the buckets of `params` with [`plan_buckets`].
-    pub fn plan(
-        pg: &dyn ProcessGroup,
-        params: &[(String, Tensor)],
-        caps: BucketCaps,
-    ) -> Result<Self, BucketingError> {
+    pub fn plan(pg: &dyn ProcessGroup, params: &[Named], caps: BucketCaps) -> Result<Self, BucketingError> {
         Self::plan_with(pg, params, caps, plan_buckets)
     }
 
@@ -76,7 +72,7 @@ impl GradientBuckets {
     /// same caps.
     pub fn plan_with(
         pg: &dyn ProcessGroup,
-        params: &[(String, Tensor)],
+        params: &[Named],
         caps: BucketCaps,
         planner: PlanBuckets,
     ) -> Result<Self, BucketingError> {
@@ -111,7 +107,7 @@ impl GradientBuckets {
     pub fn sync_with(
         &self,
         pg: &dyn ProcessGroup,
-        params: &[(String, Tensor)],
+        params: &[Named],
         sync: SyncBucket,
     ) -> Result<(), DistError> {
         for (index, bucket) in self.layout().iter().enumerate() {

@@ -27,6 +27,7 @@ use tch::{Kind, Tensor};
 
 use super::layout::{Bucket, BucketCaps};
 use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp, Work};
+use crate::models::Named;
 
 /// A model's bucket layout, planned once and the same on every rank, with
 /// one flat buffer per bucket, `[bucket.numel]`, allocated once and reused
@@ -53,7 +54,7 @@ impl GradientBuckets {
     /// Zeroed buffers for `layout`, and each member's place in them: the one
     /// walk over the members' offsets, made once per layout. The layout
     /// must hold every parameter of `params` once (`layout::check_plan`).
-    pub(super) fn allocate(params: &[(String, Tensor)], layout: Vec<Bucket>, caps: BucketCaps) -> Self {
+    pub(super) fn allocate(params: &[Named], layout: Vec<Bucket>, caps: BucketCaps) -> Self {
         let buffers = layout.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
         let mut slots = vec![SlotPlace { bucket: 0, offset: 0, numel: 0 }; params.len()];
         for (bucket, members) in layout.iter().enumerate() {
@@ -90,7 +91,7 @@ impl GradientBuckets {
 
     /// The names of each bucket's parameters, in buffer order: the layout as
     /// a person reads it.
-    pub fn names(&self, params: &[(String, Tensor)]) -> Vec<Vec<String>> {
+    pub fn names(&self, params: &[Named]) -> Vec<Vec<String>> {
         self.layout.iter().map(|b| b.params.iter().map(|&p| params[p].0.clone()).collect()).collect()
     }
 
@@ -114,12 +115,7 @@ impl GradientBuckets {
     /// `set_data`: the gradient stays a tensor of its own that shares the
     /// slot's memory, not a view, so that an optimizer may still detach and
     /// zero it in place (tch's `Optimizer::zero_grad` does).
-    pub fn install(
-        &self,
-        pg: &dyn ProcessGroup,
-        index: usize,
-        params: &[(String, Tensor)],
-    ) -> Result<(), DistError> {
+    pub fn install(&self, pg: &dyn ProcessGroup, index: usize, params: &[Named]) -> Result<(), DistError> {
         let (name, param) = &params[index];
         let mut slot = self.slot(index).view(param.size().as_slice());
         let grad = param.grad();
@@ -149,7 +145,7 @@ impl GradientBuckets {
         &self,
         pg: &dyn ProcessGroup,
         b: usize,
-        params: &[(String, Tensor)],
+        params: &[Named],
     ) -> Result<Work, DistError> {
         tch::no_grad(|| {
             for &member in &self.layout[b].params {
@@ -181,7 +177,7 @@ impl GradientBuckets {
     /// their slots (see the top of this file). A parameter without a
     /// gradient sends zeros and keeps none; if another rank had one for it,
     /// every rank fails naming it.
-    pub fn sync(&self, pg: &dyn ProcessGroup, params: &[(String, Tensor)]) -> Result<(), DistError> {
+    pub fn sync(&self, pg: &dyn ProcessGroup, params: &[Named]) -> Result<(), DistError> {
         for b in 0..self.layout.len() {
             tagged(format!("bucket {b}"), || {
                 let work = self.launch_bucket(pg, b, params)?;
@@ -201,7 +197,7 @@ impl GradientBuckets {
         &self,
         pg: &dyn ProcessGroup,
         b: usize,
-        params: &[(String, Tensor)],
+        params: &[Named],
     ) -> Result<(), DistError> {
         for &index in &self.layout[b].params {
             let (name, param) = &params[index];
@@ -231,7 +227,7 @@ impl GradientBuckets {
     pub(super) fn relayout(
         &mut self,
         pg: &dyn ProcessGroup,
-        params: &[(String, Tensor)],
+        params: &[Named],
         layout: Vec<Bucket>,
     ) -> Result<(), DistError> {
         let installed: Vec<bool> = (0..params.len())

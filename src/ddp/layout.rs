@@ -13,9 +13,10 @@
 
 use std::cmp::Reverse;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind};
 
 use crate::fingerprint::Fnv1a;
+use crate::models::Named;
 
 /// One mebibyte, 1024 × 1024 bytes: PyTorch counts `bucket_cap_mb` in these.
 pub const MIB: usize = 1024 * 1024;
@@ -73,7 +74,7 @@ impl ParamMeta {
     }
 
     /// The metadata of each named tensor, in the same order.
-    pub fn of(named: &[(String, Tensor)]) -> Vec<ParamMeta> {
+    pub fn of(named: &[Named]) -> Vec<ParamMeta> {
         named
             .iter()
             .map(|(name, t)| ParamMeta {

@@ -55,6 +55,7 @@ mod step;
 mod unused;
 mod wrapper;
 
+pub use crate::models::Named;
 pub use batch::{check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError};
 pub use bucketed::{sync_bucket, BucketingError, PlanBuckets, SyncBucket};
 pub use buckets::{FlatGroups, GradientBuckets};
@@ -66,7 +67,7 @@ pub use no_sync::{BeginNoSync, NoSyncGuard, SyncSwitch};
 pub use overlap::{Launch, OverlappedBuckets, StepRecord};
 pub use overlap_steps::{mark_ready, BucketProgress, FinishBucket, LaunchBucket, MarkReady, OverlapSteps};
 pub use replan::agree_on_order;
-pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, Named, ReplicaCheck};
+pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, ReplicaCheck};
 pub use replicated::Replicated;
 pub use sampler::{epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler};
 pub use sampler_options::{SamplerError, SamplerOptions};

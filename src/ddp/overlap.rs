@@ -24,16 +24,18 @@ use super::replan::agree_on_order;
 use super::unused::{end_of_backward_check, EndOfBackward};
 use crate::autograd::GradReadyHooks;
 use crate::dist::{tagged, DistError, Group, Work};
+use crate::models::Named;
 
-/// One step's progress, shared by the hooks (on the backward thread) and
-/// the caller.
-struct Progress {
+/// Where the sync stands, shared by the hooks (on the backward thread) and
+/// the caller: the buckets, which have left, and what the last step did.
+struct SyncState {
     pg: Group,
     buckets: GradientBuckets,
-    params: Vec<(String, Tensor)>,
+    params: Vec<Named>,
     /// The learner's steps (chapter 6), or `None`: the library's.
     plugged: Option<OverlapSteps>,
-    state: BucketProgress,
+    /// Which gradients are ready and which bucket leaves next (chapter 6).
+    progress: BucketProgress,
     /// The launched buckets' handles, in launch order.
     works: Vec<(usize, Work)>,
     /// Off outside a synced backward (under `no_sync`): the hooks then only
@@ -54,18 +56,18 @@ struct Progress {
     interrupted: bool,
 }
 
-impl Progress {
+impl SyncState {
     /// Marks `index` ready and launches what `mark_ready` says may leave.
     fn mark(&mut self, index: usize) {
         if self.error.is_some() || self.interrupted {
             return;
         }
-        if !self.state.ready[index] {
+        if !self.progress.ready[index] {
             self.record.ready_order.push(index);
         }
         self.interrupted = true;
         let mark_ready = self.plugged.map_or(mark_ready as super::MarkReady, |steps| steps.mark_ready);
-        for b in mark_ready(&mut self.state, index) {
+        for b in mark_ready(&mut self.progress, index) {
             if let Err(error) = self.launch(b) {
                 self.error = Some(error);
                 break;
@@ -120,21 +122,21 @@ pub struct StepRecord {
 
 /// Gradient buckets whose all-reduces overlap with backward.
 pub struct OverlappedBuckets {
-    progress: Arc<Mutex<Progress>>,
+    shared: Arc<Mutex<SyncState>>,
     hooks: GradReadyHooks,
 }
 
 impl OverlappedBuckets {
     /// Hooks every parameter of `params` (planned into `buckets`), with the
     /// library's steps.
-    pub fn new(pg: Group, params: &[(String, Tensor)], buckets: GradientBuckets) -> Result<Self, DistError> {
+    pub fn new(pg: Group, params: &[Named], buckets: GradientBuckets) -> Result<Self, DistError> {
         Self::hooked(pg, params, buckets, None)
     }
 
     /// [`new`](Self::new) with other steps (chapter 6: the learner's).
     pub fn with_steps(
         pg: Group,
-        params: &[(String, Tensor)],
+        params: &[Named],
         buckets: GradientBuckets,
         steps: OverlapSteps,
     ) -> Result<Self, DistError> {
@@ -143,13 +145,13 @@ impl OverlappedBuckets {
 
     fn hooked(
         pg: Group,
-        params: &[(String, Tensor)],
+        params: &[Named],
         buckets: GradientBuckets,
         plugged: Option<OverlapSteps>,
     ) -> Result<Self, DistError> {
-        let progress = Arc::new(Mutex::new(Progress {
+        let shared = Arc::new(Mutex::new(SyncState {
             pg: pg.clone(),
-            state: BucketProgress::new(buckets.layout(), params.len()),
+            progress: BucketProgress::new(buckets.layout(), params.len()),
             buckets,
             params: params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect(),
             plugged,
@@ -161,12 +163,12 @@ impl OverlappedBuckets {
             error: None,
             interrupted: false,
         }));
-        let shared = progress.clone();
+        let for_hooks = shared.clone();
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
         let hooks = GradReadyHooks::register(&tensors, move |i| {
-            let mut progress = shared.lock().unwrap_or_else(|p| p.into_inner());
-            if progress.armed {
-                progress.mark(i);
+            let mut state = for_hooks.lock().unwrap_or_else(|p| p.into_inner());
+            if state.armed {
+                state.mark(i);
             }
         })
         .map_err(|e| DistError::Invalid {
@@ -174,11 +176,11 @@ impl OverlappedBuckets {
             op: "hooking the parameters".into(),
             detail: e.to_string(),
         })?;
-        Ok(OverlappedBuckets { progress, hooks })
+        Ok(OverlappedBuckets { shared, hooks })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Progress> {
-        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, SyncState> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Before a backward pass whose gradients are to be synced: its hooks
@@ -210,15 +212,15 @@ impl OverlappedBuckets {
             let mut p = self.lock();
             p.armed = false;
             p.works.clear();
-            let Progress { state, buckets, .. } = &mut *p;
-            state.reset(buckets.layout());
+            let SyncState { progress, buckets, .. } = &mut *p;
+            progress.reset(buckets.layout());
             p.interrupted = false;
             panic!("{message} (in a gradient-ready hook during backward)");
         }
         let mut p = self.lock();
         p.armed = false;
         p.record.backward_ended = Some(Instant::now());
-        let unused = p.state.not_ready();
+        let unused = p.progress.not_ready();
         unused.iter().for_each(|&i| p.mark(i)); // their slots are zeros
         let mut result = p.error.take().map_or(Ok(()), Err);
         let (launched, count) = (p.works.len(), p.buckets.layout().len());
@@ -242,8 +244,8 @@ impl OverlappedBuckets {
             };
             result = result.and(finished);
         }
-        let Progress { state, buckets, .. } = &mut *p;
-        state.reset(buckets.layout());
+        let SyncState { progress, buckets, .. } = &mut *p;
+        progress.reset(buckets.layout());
         result?;
         let this_rank = EndOfBackward {
             unused: &unused,
@@ -258,10 +260,10 @@ impl OverlappedBuckets {
             return Ok(None);
         }
         let order = agree_on_order(pg.as_ref(), &p.record.ready_order, p.params.len())?;
-        let Progress { buckets, params, .. } = &mut *p;
+        let SyncState { buckets, params, .. } = &mut *p;
         let new_layout = buckets.replan_in_order(pg.as_ref(), params, &order)?;
         if new_layout.is_some() {
-            p.state = BucketProgress::new(p.buckets.layout(), p.params.len());
+            p.progress = BucketProgress::new(p.buckets.layout(), p.params.len());
         }
         Ok(new_layout)
     }

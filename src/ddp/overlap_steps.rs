@@ -18,6 +18,7 @@ use tch::Tensor;
 
 use super::layout::Bucket;
 use crate::dist::{DistError, ProcessGroup, Work};
+use crate::models::Named;
 
 // ANCHOR: progress
 /// Where one backward pass stands: which gradients are ready, how many each
@@ -65,11 +66,9 @@ impl BucketProgress {
 /// launch now, in order. See the chapter-6 exercise for the contract.
 pub type MarkReady = fn(&mut BucketProgress, usize) -> Vec<usize>;
 /// Starts one bucket's all-reduce (SUM) and returns its handle.
-pub type LaunchBucket =
-    fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[(String, Tensor)]) -> Result<Work, DistError>;
+pub type LaunchBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[Named]) -> Result<Work, DistError>;
 /// Waits for one launched bucket and leaves the average in the gradients.
-pub type FinishBucket =
-    fn(&dyn ProcessGroup, &Bucket, &mut Tensor, Work, &[(String, Tensor)]) -> Result<(), DistError>;
+pub type FinishBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, Work, &[Named]) -> Result<(), DistError>;
 
 /// Three steps an [`OverlappedBuckets`](super::OverlappedBuckets) can run
 /// instead of the library's (chapter 6: the learner's). The library's own

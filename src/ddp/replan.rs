@@ -17,6 +17,7 @@ use tch::Tensor;
 use super::buckets::{FlatGroups, GradientBuckets};
 use super::layout::{plan_buckets, ParamMeta};
 use crate::dist::{torch_error, DistError, ProcessGroup};
+use crate::models::Named;
 
 /// Rank 0's `observed` order, on every rank. A parameter rank 0 never saw
 /// ready (it got no gradient) is appended, from the last registered to the
@@ -51,7 +52,7 @@ impl GradientBuckets {
     pub fn replan_in_order(
         &mut self,
         pg: &dyn ProcessGroup,
-        params: &[(String, Tensor)],
+        params: &[Named],
         order: &[usize],
     ) -> Result<Option<FlatGroups>, DistError> {
         if completes_in_order(self.layout(), order) {

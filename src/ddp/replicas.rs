@@ -16,10 +16,8 @@ use tch::{nn, Tensor};
 use crate::check::{max_abs_diff, same_bits};
 use crate::dist::{DistError, ProcessGroup};
 use crate::fingerprint::fnv1a;
+use crate::models::Named;
 use crate::models::{named_buffers, named_parameters};
-
-/// Named tensors in a fixed order, as `named_parameters` lists them.
-pub type Named = Vec<(String, Tensor)>;
 
 // ANCHOR: init_error
 /// Why the replicas could not be wrapped. Every rank returns the same error,
@@ -77,11 +75,7 @@ fn structure_fingerprint(name: &str, tensor: &Tensor) -> i64 {
 /// shape. Without it, a rank with an extra layer would pair its tensors with
 /// the wrong tensors of its peers, or wait for a call its peers never make.
 /// Every rank sees every rank's answer, so all of them fail together.
-pub fn check_same_structure(
-    pg: &dyn ProcessGroup,
-    named: &[(String, Tensor)],
-    what: &str,
-) -> Result<(), InitError> {
+pub fn check_same_structure(pg: &dyn ProcessGroup, named: &[Named], what: &str) -> Result<(), InitError> {
     let mismatch =
         |detail: String| DistError::Mismatch { rank: pg.rank(), op: format!("the list of {what}"), detail };
     let counts = pg.all_gather(&Tensor::from(named.len() as i64))?; // world_size x []
@@ -161,7 +155,7 @@ pub fn verify_replicas(pg: &dyn ProcessGroup, named: &[(String, Tensor)]) -> Res
 
 /// How a wrapper compares the replicas' values: [`verify_replicas`], or a
 /// learner's own version of it (chapter 2).
-pub type ReplicaCheck = fn(&dyn ProcessGroup, &[(String, Tensor)]) -> Result<(), InitError>;
+pub type ReplicaCheck = fn(&dyn ProcessGroup, &[Named]) -> Result<(), InitError>;
 
 /// The parameters (registration order) and buffers (by name) of `vs`, once
 /// [`check_same_structure`] and `check` have shown that every rank holds
@@ -170,7 +164,7 @@ pub fn verified_tensors(
     vs: &nn::VarStore,
     pg: &dyn ProcessGroup,
     check: ReplicaCheck,
-) -> Result<(Named, Named), InitError> {
+) -> Result<(Vec<Named>, Vec<Named>), InitError> {
     let parameters = named_parameters(vs);
     let buffers = named_buffers(vs);
     check_same_structure(pg, &parameters, "parameters")?;

@@ -12,6 +12,7 @@ use tch::Tensor;
 
 use super::replicas::{verified_tensors, verify_replicas, InitError, ReplicaCheck};
 use crate::dist::{CommStats, DistError, Group, ReduceOp};
+use crate::models::Named;
 
 // ANCHOR: replicated
 /// A model replicated on every rank of a process group. It owns the model
@@ -20,9 +21,9 @@ pub struct Replicated<M: Module> {
     module: M,
     /// Trainable tensors, in registration order (shallow handles: they share
     /// storage, and `.grad()`, with the model).
-    parameters: Vec<(String, Tensor)>,
+    parameters: Vec<Named>,
     /// Non-trainable tensors (buffers), sorted by name.
-    buffers: Vec<(String, Tensor)>,
+    buffers: Vec<Named>,
     process_group: Group,
 }
 
@@ -79,12 +80,12 @@ impl<M: Module> Replicated<M> {
     }
 
     /// The trainable tensors, in registration order.
-    pub fn parameters(&self) -> &[(String, Tensor)] {
+    pub fn parameters(&self) -> &[Named] {
         &self.parameters
     }
 
     /// The non-trainable tensors, sorted by name.
-    pub fn buffers(&self) -> &[(String, Tensor)] {
+    pub fn buffers(&self) -> &[Named] {
         &self.buffers
     }
 

@@ -15,6 +15,7 @@ use tch::Tensor;
 
 use super::buckets::GradientBuckets;
 use crate::dist::{tagged, DistError, ProcessGroup, ReduceOp};
+use crate::models::Named;
 
 /// What this rank brings to the end-of-backward check.
 pub(super) struct EndOfBackward<'a> {
@@ -40,7 +41,7 @@ pub(super) struct EndOfBackward<'a> {
 pub(super) fn end_of_backward_check(
     pg: &dyn ProcessGroup,
     buckets: &GradientBuckets,
-    params: &[(String, Tensor)],
+    params: &[Named],
     this_rank: EndOfBackward<'_>,
 ) -> Result<(), DistError> {
     let (n, world) = (params.len() as i64, pg.world_size() as i64);

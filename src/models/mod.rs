@@ -16,11 +16,15 @@ pub use mlp::Mlp;
 use tch::nn::VarStore;
 use tch::Tensor;
 
+/// A tensor with its name, as [`named_parameters`] lists them:
+/// `("layers.0.weight", w)`. Also `ddp::Named`.
+pub type Named = (String, Tensor);
+
 /// The trainable variables of `vs` with their names, in registration order:
 /// the order in which the model created them, from the first layer to the
 /// last. Tensors are shallow handles: they share storage (and `.grad()`) with
 /// the model.
-pub fn named_parameters(vs: &VarStore) -> Vec<(String, Tensor)> {
+pub fn named_parameters(vs: &VarStore) -> Vec<Named> {
     let variables = vs.variables_.lock().unwrap_or_else(|p| p.into_inner());
     variables
         .trainable_variables
@@ -39,10 +43,10 @@ pub fn named_parameters(vs: &VarStore) -> Vec<(String, Tensor)> {
 
 /// The non-trainable variables of `vs` (buffers, such as running statistics),
 /// sorted by name.
-pub fn named_buffers(vs: &VarStore) -> Vec<(String, Tensor)> {
+pub fn named_buffers(vs: &VarStore) -> Vec<Named> {
     let trainable: Vec<*mut std::ffi::c_void> =
         named_parameters(vs).iter().map(|(_, t)| t.data_ptr()).collect();
-    let mut buffers: Vec<(String, Tensor)> =
+    let mut buffers: Vec<Named> =
         vs.variables().into_iter().filter(|(_, t)| !trainable.contains(&t.data_ptr())).collect();
     buffers.sort_by(|a, b| a.0.cmp(&b.0));
     buffers

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use tch::nn::VarStore;
 use tch::{Kind, TchError, Tensor};
 
+use crate::ddp::Named;
 use crate::fingerprint::Fnv1a;
 
 /// Where the training loop stands after `step` optimizer steps: the next
@@ -49,9 +50,9 @@ impl fmt::Display for Setting {
 /// Everything in a checkpoint file, as named tensors and numbers.
 pub struct Checkpoint {
     /// Parameters and buffers of the unwrapped model, by `VarStore` name.
-    pub model: Vec<(String, Tensor)>,
+    pub model: Vec<Named>,
     /// The optimizer's state, by the names its `state()` gave them.
-    pub optimizer: Vec<(String, Tensor)>,
+    pub optimizer: Vec<Named>,
     pub progress: Progress,
     /// The run settings this checkpoint was trained with.
     pub settings: Vec<(String, Setting)>,
@@ -116,8 +117,8 @@ pub use super::saving::{
 };
 
 /// The tensors of `checkpoint` under their file names, without the checksum.
-fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
-    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+fn entries(checkpoint: &Checkpoint) -> Vec<Named> {
+    let mut tensors: Vec<Named> = Vec::new();
     for (name, tensor) in &checkpoint.model {
         tensors.push((format!("model.{name}"), tensor.detach().contiguous()));
     }
@@ -140,8 +141,8 @@ fn entries(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
 
 /// The tensors a checkpoint file of `checkpoint` holds, on the CPU (a copy
 /// of what lives on a GPU), without the checksum.
-pub(super) fn contents(checkpoint: &Checkpoint) -> Vec<(String, Tensor)> {
-    let on_cpu = |(name, t): (String, Tensor)| (name, t.to_device(tch::Device::Cpu));
+pub(super) fn contents(checkpoint: &Checkpoint) -> Vec<Named> {
+    let on_cpu = |(name, t): Named| (name, t.to_device(tch::Device::Cpu));
     entries(checkpoint).into_iter().map(on_cpu).collect()
 }
 
@@ -155,8 +156,8 @@ pub fn fingerprint(checkpoint: &Checkpoint) -> i64 {
 
 /// FNV-1a, 64 bits, over every tensor's name, dtype, shape and bytes, in
 /// name order. Not cryptographic: it catches damage, not tampering.
-pub(super) fn checksum(tensors: &[(String, Tensor)]) -> i64 {
-    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+pub(super) fn checksum(tensors: &[Named]) -> i64 {
+    let mut sorted: Vec<&Named> = tensors.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let mut hash = Fnv1a::new();
     for (name, tensor) in sorted {
@@ -258,14 +259,14 @@ impl Checkpoint {
 
     /// Copies the saved model tensors into `named` (a model's parameters or
     /// buffers, by name), failing on a missing name, shape or dtype.
-    pub fn restore_model(&self, path: &Path, named: &[(String, Tensor)]) -> Result<(), CheckpointError> {
+    pub fn restore_model(&self, path: &Path, named: &[Named]) -> Result<(), CheckpointError> {
         copy_named(&self.model, named)
             .map_err(|detail| CheckpointError::Invalid { path: path.to_path_buf(), detail })
     }
 }
 
 /// Copies `saved[name]` into each `(name, target)` of `targets`.
-fn copy_named(saved: &[(String, Tensor)], targets: &[(String, Tensor)]) -> Result<(), String> {
+fn copy_named(saved: &[Named], targets: &[Named]) -> Result<(), String> {
     for (name, target) in targets {
         let Some((_, value)) = saved.iter().find(|(n, _)| n == name) else {
             return Err(format!("the model has `{name}`, the checkpoint does not"));
@@ -288,7 +289,7 @@ fn copy_named(saved: &[(String, Tensor)], targets: &[(String, Tensor)]) -> Resul
 /// of the checkpoint at `path`: how to use a trained model outside the loop.
 pub fn load_model_weights(vs: &VarStore, path: &Path) -> Result<(), CheckpointError> {
     let checkpoint = load(path)?;
-    let mut variables: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    let mut variables: Vec<Named> = vs.variables().into_iter().collect();
     variables.sort_by(|a, b| a.0.cmp(&b.0)); // errors name the same variable every time
     checkpoint.restore_model(path, &variables)
 }

@@ -11,6 +11,7 @@
 //! in two, and the roundings can differ). With `weight_decay = 0` it is
 //! plain Adam.
 
+use crate::ddp::Named;
 use tch::{TchError, Tensor};
 
 // ANCHOR: adamw
@@ -35,7 +36,7 @@ pub struct AdamW {
     /// `1 - lr * weight_decay` before the Adam update.
     pub weight_decay: f64,
     /// Shallow handles on the parameters (they share storage and `.grad()`).
-    params: Vec<(String, Tensor)>,
+    params: Vec<Named>,
     /// The flat buffers, one group per dtype and device.
     groups: Vec<FlatGroup>,
     /// Steps taken so far; the bias correction depends on it.
@@ -61,8 +62,8 @@ struct FlatGroup {
 impl AdamW {
     /// PyTorch's defaults for the betas and eps: 0.9, 0.999, 1e-8. Moments
     /// start at zero. Lays the parameters out flat (see above).
-    pub fn new(params: &[(String, Tensor)], lr: f64, weight_decay: f64) -> AdamW {
-        let mut params: Vec<(String, Tensor)> =
+    pub fn new(params: &[Named], lr: f64, weight_decay: f64) -> AdamW {
+        let mut params: Vec<Named> =
             params.iter().map(|(name, p)| (name.clone(), p.shallow_clone())).collect();
         let mut keys: Vec<(tch::Kind, tch::Device)> = Vec::new();
         for (_, p) in &params {
@@ -88,12 +89,12 @@ impl AdamW {
     /// such as the DDP wrapper's buckets (`ddp.flat_groups()`). Then a step
     /// reads the averaged gradients where the sync left them, copying nothing.
     pub fn with_groups(
-        params: &[(String, Tensor)],
+        params: &[Named],
         lr: f64,
         weight_decay: f64,
         layout: Vec<(Vec<usize>, Tensor)>,
     ) -> AdamW {
-        let mut params: Vec<(String, Tensor)> =
+        let mut params: Vec<Named> =
             params.iter().map(|(name, p)| (name.clone(), p.shallow_clone())).collect();
         let groups = layout
             .into_iter()
@@ -189,7 +190,7 @@ impl crate::ddp::StepOptimizer for AdamW {
 impl FlatGroup {
     /// One flat buffer for `members`' values, which become views into it;
     /// their gradients are gathered into `grad`, or a buffer of its own.
-    fn lay_out(params: &mut [(String, Tensor)], members: Vec<usize>, grad: Option<Tensor>) -> FlatGroup {
+    fn lay_out(params: &mut [Named], members: Vec<usize>, grad: Option<Tensor>) -> FlatGroup {
         let flats: Vec<Tensor> = members.iter().map(|&i| params[i].1.detach().reshape([-1])).collect();
         let param = Tensor::cat(&flats, 0); // [numel of all members], a copy of their values
         let zeros = || param.zeros_like();
@@ -229,7 +230,7 @@ impl AdamW {
 
     /// The state to checkpoint: `exp_avg.<name>` and `exp_avg_sq.<name>` for
     /// every parameter (detached copies), and the step count as `step`.
-    pub fn state(&self) -> Vec<(String, Tensor)> {
+    pub fn state(&self) -> Vec<Named> {
         let mut state = vec![("step".to_string(), Tensor::from_slice(&[self.step]))];
         for (i, (name, _)) in self.params.iter().enumerate() {
             let (m, v) = self.moments_of(i);
@@ -241,7 +242,7 @@ impl AdamW {
 
     /// Restores what [`state`](Self::state) returned. Fails, naming the
     /// entry, if one is missing or has the wrong shape or dtype.
-    pub fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<(), String> {
+    pub fn load_state(&mut self, state: &[Named]) -> Result<(), String> {
         let find = |key: &str| {
             state.iter().find(|(n, _)| n == key).map(|(_, t)| t).ok_or(format!("no optimizer entry `{key}`"))
         };

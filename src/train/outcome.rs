@@ -4,9 +4,8 @@
 
 use std::time::Duration;
 
-use tch::Tensor;
-
 use super::{StepPhases, TrainConfig};
+use crate::ddp::Named;
 
 /// What rank 0 reports while it trains; the other ranks report nothing.
 #[derive(Debug)]
@@ -53,7 +52,7 @@ pub struct RankOutcome {
     /// This rank's loss (mean over its micro-batches) at each step it ran.
     pub losses: Vec<f64>,
     /// The trained parameters and buffers, detached copies, by `VarStore` name.
-    pub weights: Vec<(String, Tensor)>,
+    pub weights: Vec<Named>,
     /// Rank 0 only: the model on the held-out set after the last step.
     pub evaluation: Option<Evaluation>,
     /// Time in the training steps (checkpoints and evaluation not counted),

@@ -15,6 +15,7 @@ use super::replicas::check_replicas_agree;
 use super::{Evaluation, Event, RankOutcome, TrainConfig};
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
+use crate::ddp::Named;
 use crate::ddp::{
     rows, train_step_with, BucketCaps, DistributedSampler, SamplerOptions, SimpleDistributedDataParallelism,
     MIB,
@@ -232,8 +233,8 @@ pub fn train_rank(
 /// The model's parameters, then its buffers: what a checkpoint saves of
 /// it, on the CPU (a copy when the model is on a GPU; the same tensors
 /// when it is not).
-fn model_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
-    let on_cpu = |(name, t): (String, Tensor)| (name, t.to_device(tch::Device::Cpu));
+fn model_tensors(vs: &tch::nn::VarStore) -> Vec<Named> {
+    let on_cpu = |(name, t): Named| (name, t.to_device(tch::Device::Cpu));
     named_parameters(vs).into_iter().chain(named_buffers(vs)).map(on_cpu).collect()
 }
 

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tch::Tensor;
 
 use super::checkpoint::{checksum, contents, Checkpoint, CheckpointError};
+use crate::ddp::Named;
 
 /// `<path><suffix>`, next to `path`.
 fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
@@ -164,11 +165,7 @@ pub fn save_step_by_step(
 /// locked until it is dropped: the lock says "a save is writing this", so
 /// other saves leave it alone, and it ends with this process, however that
 /// ends.
-fn write_locked(
-    tmp: &Path,
-    tensors: &[(String, Tensor)],
-    after: &mut dyn FnMut(SaveStep),
-) -> Result<File, String> {
+fn write_locked(tmp: &Path, tensors: &[Named], after: &mut dyn FnMut(SaveStep)) -> Result<File, String> {
     let file = File::create(tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
     let _ = file.lock(); // a file system without locks: see `remove_leftovers`
     after(SaveStep::Started);
