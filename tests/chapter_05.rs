@@ -62,10 +62,12 @@ fn layout_for_tiny_caps_is_the_one_the_chapter_explains() {
     let buckets = learner::plan_buckets(&metas, TINY_CAPS.cap_bytes, TINY_CAPS.first_cap_bytes);
     let planned: Vec<Vec<String>> =
         buckets.iter().map(|b| b.params.iter().map(|&p| metas[p].name.clone()).collect()).collect();
-    assert_eq!(
-        planned, expected,
-        "plan_buckets(cap 1024 B, first cap 128 B): walk the parameters from the last to the first, close a \
-         bucket before it would pass its cap, and close a bucket at once when one parameter fills it"
+    assert_layout(
+        &planned,
+        &expected,
+        "your plan_buckets(cap 1024 B, first cap 128 B) planned another layout than the chapter's table: walk \
+         the parameters from the last to the first, close a bucket before it would pass its cap, and close a \
+         bucket at once when one parameter fills it",
     );
     let bytes: Vec<usize> = buckets.iter().map(|b| b.bytes()).collect();
     assert_eq!(bytes, vec![128, 8, 2048, 768], "each bucket's numel must be the sum of its members' numel");
@@ -92,11 +94,12 @@ fn plan_buckets_follows_the_three_rules_on_hand_made_sizes() {
         learner::plan_buckets(&metas, cap, first_cap).into_iter().map(|b| b.params).collect()
     };
     // Ten f32 tensors of 40 B; first cap 100 B, then 200 B.
-    assert_eq!(
-        plan(&[10; 10], 200, 100),
-        vec![vec![9, 8], vec![7, 6, 5, 4, 3], vec![2, 1, 0]],
-        "the first bucket holds at most first_cap_bytes (two tensors of 40 B), the next ones at most \
-         cap_bytes (five), and the last one what is left; indices from the last parameter down"
+    assert_layout(
+        &plan(&[10; 10], 200, 100),
+        &[vec![9, 8], vec![7, 6, 5, 4, 3], vec![2, 1, 0]],
+        "your plan_buckets broke a rule: the first bucket holds at most first_cap_bytes (two tensors of \
+         40 B), the next ones at most cap_bytes (five), and the last one what is left; indices from the last \
+         parameter down",
     );
     // 40, 40, 4000, 40, 40 B with both caps 100 B.
     assert_eq!(
@@ -138,10 +141,11 @@ fn mixed_dtypes_get_separate_buckets_and_still_match_naive_bitwise() {
         (Kind::Float, names(&[&["output.bias", "output.weight", "input_scale"]]).remove(0)),
         (Kind::Double, names(&[&["hidden.bias", "hidden.weight"]]).remove(0)),
     ];
-    assert_eq!(
-        planned, expected,
-        "one flat buffer holds one dtype: keep an open bucket per (kind, device), and order the buckets by \
-         their first member, highest index first"
+    assert_layout(
+        &planned,
+        &expected,
+        "your plan_buckets mixed dtypes or misordered them: one flat buffer holds one dtype, so keep an open \
+         bucket per (kind, device), and order the buckets by their first member, highest index first",
     );
     let bucketed = train(2, Optim::Adam, Sync::Bucketed, BucketCaps::default(), mixed);
     let naive = train(2, Optim::Adam, Sync::Naive, BucketCaps::default(), mixed);

@@ -35,7 +35,7 @@ fn no_sync_restores_the_previous_state_on_every_way_out() {
         anyhow::ensure!(on(), "the switch must start on");
         {
             let _guard = ddp.no_sync();
-            anyhow::ensure!(!on(), "inside no_sync the switch must be off");
+            anyhow::ensure!(!on(), "your begin_no_sync left the switch on: inside no_sync it must be off");
         }
         anyhow::ensure!(on(), "after a no_sync block the switch must be back on");
         anyhow::ensure!(
@@ -53,17 +53,25 @@ fn no_sync_restores_the_previous_state_on_every_way_out() {
             let _outer = ddp.no_sync();
             {
                 let _inner = ddp.no_sync();
-                anyhow::ensure!(!on(), "inside nested no_sync scopes the switch must be off");
+                anyhow::ensure!(
+                    !on(),
+                    "your begin_no_sync turned the switch on in a nested scope: it must stay off"
+                );
             }
             anyhow::ensure!(
                 !on(),
-                "closing an INNER no_sync must leave the switch off (return the previous state, not `true`)"
+                "closing an INNER no_sync turned the switch on: your begin_no_sync must return the state \
+                 it found (off, inside an outer scope), not `true`"
             );
         }
         anyhow::ensure!(on(), "closing the outer no_sync must turn the switch back on");
         ddp.set_require_backward_grad_sync(false);
         ddp.no_sync_scope(|| ());
-        anyhow::ensure!(!on(), "no_sync opened while the switch was off must leave it off");
+        anyhow::ensure!(
+            !on(),
+            "a no_sync scope opened while the switch was off turned it on when it closed: your begin_no_sync \
+             must return the state it found, not `true`"
+        );
         ddp.set_require_backward_grad_sync(true);
         anyhow::ensure!(
             ddp.no_sync_scope(|| 7) == 7 && on(),

@@ -7,6 +7,8 @@
 //! Compiled into `cargo test --test chapter_05` (see `tests/chapter_05.rs`).
 
 use ddp_workbook::ch05_bucketing::{learner, ParamMeta};
+
+use super::training::assert_layout;
 use ddp_workbook::tch::{Device, Kind};
 
 /// A parameter `name` of `numel` elements.
@@ -44,13 +46,16 @@ fn the_first_cap_stops_applying_the_moment_the_first_bucket_closes() {
     ];
     let got = plan(&metas, 1000, 100);
     let expected = names(&[&["a"], &["b", "c"]]);
-    assert_eq!(
-        got, expected,
-        "plan_buckets(cap 1000 B, first cap 100 B) on f32 parameters walked as a (60 B), b (152 B), c (48 B): \
+    assert_layout(
+        &got,
+        &expected,
+        &format!(
+            "your plan_buckets(cap 1000 B, first cap 100 B) on f32 parameters walked as a (60 B), b (152 B), c (48 B): \
          your code gave {got:?}, the chapter expects {expected:?}, because the first cap holds only while no \
          bucket of that dtype and device has been closed: once b closes [a], b's limit is the cap (1000 B), so \
          b does not fill its bucket and c joins it. Decide the limit again after closing a bucket, before you \
          ask whether the new one is full"
+        ),
     );
 }
 
@@ -70,12 +75,15 @@ fn every_dtype_has_its_own_first_cap() {
     ];
     let got = plan(&metas, 1000, 100);
     let expected = names(&[&["f1"], &["f0"], &["d1"], &["d0"]]);
-    assert_eq!(
-        got, expected,
-        "plan_buckets(cap 1000 B, first cap 100 B) on f32 f1 (60 B), f0 (60 B), then f64 d1 (80 B), d0 (40 B): \
+    assert_layout(
+        &got,
+        &expected,
+        &format!(
+            "your plan_buckets(cap 1000 B, first cap 100 B) on f32 f1 (60 B), f0 (60 B), then f64 d1 (80 B), d0 (40 B): \
          your code gave {got:?}, the chapter expects {expected:?}, because the limit is first_cap_bytes for the \
          first bucket of EACH dtype and device: closing the first f32 bucket must not lift the first cap of the \
          f64 ones (keep \"has a bucket of this dtype and device closed yet?\", not \"has any bucket closed?\")"
+        ),
     );
 }
 
@@ -107,11 +115,14 @@ fn every_device_has_its_own_buckets_and_its_own_first_cap() {
     }
     let got = plan(&metas, 1000, 100);
     let expected = names(&[&["g1"], &["c1"], &["g0"], &["c0"]]);
-    assert_eq!(
-        got, expected,
-        "plan_buckets(cap 1000 B, first cap 100 B) on f32 g1 (cuda:0, 80 B), c1 (cpu, 60 B), g0 (cuda:0, 40 B), \
+    assert_layout(
+        &got,
+        &expected,
+        &format!(
+            "your plan_buckets(cap 1000 B, first cap 100 B) on f32 g1 (cuda:0, 80 B), c1 (cpu, 60 B), g0 (cuda:0, 40 B), \
          c0 (cpu, 60 B): your code gave {got:?}, the chapter expects {expected:?}, because each device has its \
          own open bucket and its own first cap, and the buckets come out by their first member, highest index \
          first"
+        ),
     );
 }

@@ -234,3 +234,23 @@ pub fn assert_same_training(bucketed: &[RankRun], naive: &[RankRun], case: &str)
         }
     }
 }
+
+/// Fails with `message` unless `planned` is `expected`. When it holds the
+/// same buckets in another order, it says so first: the order is then the
+/// one thing to fix, whatever the rule the test is about.
+#[track_caller]
+pub fn assert_layout<T: PartialEq + std::fmt::Debug>(planned: &[T], expected: &[T], message: &str) {
+    if planned == expected {
+        return;
+    }
+    let same_buckets = planned.len() == expected.len() && expected.iter().all(|b| planned.contains(b));
+    if same_buckets {
+        panic!(
+            "your plan_buckets planned the right buckets in the wrong order: {planned:?}, the chapter \
+             expects {expected:?}, because buckets come out in the order backward starts filling them, by \
+             their first member, the highest index first: every rank's k-th all-reduce must carry the same \
+             bucket, and the one backward completes first must be the first to leave. ({message})"
+        );
+    }
+    panic!("{message}\n  planned:  {planned:?}\n  expected: {expected:?}");
+}

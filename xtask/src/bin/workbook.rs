@@ -4,6 +4,7 @@
 //!
 //!     cargo workbook                  # the chapters and how far you are
 //!     cargo workbook test 03          # run chapter 3's tests on your code, with a verdict
+//!     cargo workbook test 03 2        # the same, with the second most telling failure in full
 //!     cargo workbook hint 03          # the next hint, one at a time
 //!     cargo workbook hint 03 sync_gradients 2
 //!     cargo workbook watch 03         # run `test 03` again whenever you save
@@ -22,7 +23,8 @@ const HELP: &str = "cargo workbook: work through the ddp-workbook chapters
 
 Usage:
   cargo workbook [list]             the chapters, their exercises and state
-  cargo workbook test NN            run chapter NN's tests on your exercise, with a verdict
+  cargo workbook test NN [K]        run chapter NN's tests on your exercise, with a verdict
+                                    and its K-th most telling failure in full (1 if not given)
   cargo workbook hint NN [FN [K]]   the next hint for chapter NN (or hint K of function FN)
   cargo workbook watch NN           run `test NN` again each time a file of the chapter changes
 Plain `cargo test --test chapter_NN` runs the same tests. The hints you have
@@ -47,7 +49,13 @@ fn main() -> ExitCode {
     };
     let result = match words.as_slice() {
         [] | ["list"] => list(&ctx, &chapters),
-        ["test", asked] => chapter(asked).and_then(|c| test(&ctx, c).map(|_| ())),
+        ["test", asked] => chapter(asked).and_then(|c| test(&ctx, c, 1).map(|_| ())),
+        ["test", asked, shown] => match shown.parse::<usize>() {
+            Ok(shown) if shown >= 1 => chapter(asked).and_then(|c| test(&ctx, c, shown).map(|_| ())),
+            _ => Err(format!(
+                "`cargo workbook test {asked} K` takes K = 1, 2, ...: the failure to show in full"
+            )),
+        },
         ["hint", asked, rest @ ..] => chapter(asked).and_then(|c| hint(&ctx, c, rest)),
         ["watch", asked] => chapter(asked).and_then(|c| watch(&ctx, c)),
         ["-h" | "--help" | "help"] => {
@@ -123,16 +131,17 @@ fn run_tests(
     Ok(Some((tally, outcome.warnings)))
 }
 
-/// `cargo workbook test NN`: the verdict, then what to do next. Returns
-/// whether every claim holds.
-fn test(ctx: &Context, chapter: &Chapter) -> Result<bool, String> {
+/// `cargo workbook test NN [K]`: the verdict, with the `shown`-th most
+/// telling failure in full, then what to do next. Returns whether every
+/// claim holds.
+fn test(ctx: &Context, chapter: &Chapter, shown: usize) -> Result<bool, String> {
     println!("running `cargo test --test {}` on your code ...", chapter.test_target());
     let Some((tally, warnings)) = run_tests(ctx, chapter, true)? else {
         println!("\nYour code does not compile yet: the first errors are above.");
         return Ok(false);
     };
     println!();
-    verdict::describe(chapter, &tally).iter().for_each(|line| println!("{line}"));
+    verdict::describe(chapter, &tally, shown).iter().for_each(|line| println!("{line}"));
     let yours = verdict::warnings_in_chapter(chapter, &warnings);
     if !yours.is_empty() {
         println!("\nThe compiler has {} warning(s) about your code:\n", yours.len());
@@ -205,7 +214,7 @@ fn watch(ctx: &Context, chapter: &Chapter) -> Result<(), String> {
     };
     loop {
         let seen = newest();
-        test(ctx, chapter)?;
+        test(ctx, chapter, 1)?;
         println!("\nwatching {} for changes (Ctrl-C to stop) ...", ctx.display(&chapter.folder));
         while newest() == seen {
             std::thread::sleep(Duration::from_millis(500));

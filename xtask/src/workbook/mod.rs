@@ -4,6 +4,7 @@
 //! Unit tests: xtask/tests/workbook.rs (`cargo test -p xtask`).
 
 pub mod hints;
+pub mod ranking;
 pub mod verdict;
 
 use std::path::{Path, PathBuf};

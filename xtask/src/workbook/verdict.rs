@@ -1,7 +1,9 @@
 //! xtask/src/workbook/verdict.rs: a chapter's test run, told to a learner:
-//! which of the chapter's claims hold, what the first failure says, and what
-//! to do next. Unit tests: xtask/tests/workbook.rs.
+//! which of the chapter's claims hold, what the most telling failure says
+//! (`ranking.rs` chooses it), and what to do next. Unit tests:
+//! xtask/tests/workbook.rs.
 
+use super::ranking::{rank_failures, Pointing, RankedFailure};
 use super::Chapter;
 use crate::libtest_json::{failure_excerpt, SuiteTally};
 use crate::teeth_check::is_control;
@@ -35,8 +37,9 @@ pub fn claims_holding(tally: &SuiteTally) -> (usize, usize) {
     (held, held + failed)
 }
 
-/// The verdict, as lines to print.
-pub fn describe(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
+/// The verdict, as lines to print, with the `shown`-th most telling
+/// failure (from 1; see `ranking.rs`) in full and the others by name.
+pub fn describe(chapter: &Chapter, tally: &SuiteTally, shown: usize) -> Vec<String> {
     let (held, total) = claims_holding(tally);
     let mut lines =
         vec![format!("chapter {} · {}: {held} of {total} claims hold", chapter.number, chapter.title)];
@@ -53,12 +56,13 @@ pub fn describe(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
         lines.push(format!("  ({they_pass} too: controls check the tests themselves, not your code)"));
     }
     let unwritten = unwritten_in(chapter, tally);
-    let detailed = most_telling_failure(tally);
-    for (index, (name, output)) in tally.failures.iter().enumerate() {
-        lines.push(format!("  ✗ {}", claim(name)));
+    let ranked = rank_failures(chapter, tally);
+    for (place, failure) in ranked.iter().enumerate() {
+        let (name, output) = &tally.failures[failure.index];
+        lines.push(format!("  ✗ {}. {}", place + 1, claim(name)));
         // One failure in full (its panic message, without the backtrace);
         // the others by name, to keep the screen readable.
-        if Some(index) == detailed && unwritten.is_empty() {
+        if place + 1 == shown && unwritten.is_empty() {
             lines.extend(failure_excerpt(output, 12).lines().map(|l| format!("      {l}")));
         }
     }
@@ -72,16 +76,31 @@ pub fn describe(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
                 .unwrap_or(&chapter.exercise_file())
                 .display()
         ));
+    } else if let Some(failure) = ranked.get(shown.saturating_sub(1)) {
+        lines.push(which_failure_is_shown(chapter, failure, shown, ranked.len()));
+    } else if !ranked.is_empty() {
+        lines.push(format!("there are {} failures: ask for one of 1 to {}", ranked.len(), ranked.len()));
     }
     lines
 }
 
-/// Which failure to show in full: the first that is not a negative control.
-/// A control shows what breaks when a rule is broken; when it fails, the
-/// test of the rule itself says better what is wrong.
-pub fn most_telling_failure(tally: &SuiteTally) -> Option<usize> {
-    let control = |name: &str| is_control(name) || name.contains("negative_control");
-    tally.failures.iter().position(|(name, _)| !control(name)).or((!tally.failures.is_empty()).then_some(0))
+/// Why failure `shown` of `count` is the one in full, and how to see the next.
+fn which_failure_is_shown(chapter: &Chapter, failure: &RankedFailure, shown: usize, count: usize) -> String {
+    let why = match (&failure.function, failure.pointing) {
+        (Some(function), Pointing::SaysYour | Pointing::NamedAfter | Pointing::Mentions) if shown == 1 => {
+            format!(", the one that points at your code most directly: start with `{function}`")
+        }
+        (None, Pointing::Symptom) if shown == 1 => {
+            ": no failure names one of your functions, so start from this symptom".to_string()
+        }
+        _ => String::new(),
+    };
+    let next = if shown < count {
+        format!("; `cargo workbook test {} {}` shows the next", chapter.number, shown + 1)
+    } else {
+        String::new()
+    };
+    format!("failure {shown} of {count} is shown in full{why}{next}")
 }
 
 /// The compiler's warnings about the chapter's own files (the learner's

@@ -1,0 +1,142 @@
+//! xtask/tests/workbook_ranking.rs: `cargo workbook test` shows the failure
+//! that points at the learner's code most directly, not the first. The three
+//! runs below are real: each is a reference solution broken on purpose in
+//! one function, its chapter's tests run, and each failure kept with the
+//! first line of its panic message. Before the ranking, the first failure
+//! was shown, and it blamed another function or said nothing specific.
+//! Run: cargo test -p xtask --test workbook_ranking
+
+use xtask::libtest_json::SuiteTally;
+use xtask::workbook::ranking::{pointing, rank_failures, Pointing};
+use xtask::workbook::{self, verdict, Chapter};
+
+fn chapter(number: &str) -> Chapter {
+    let chapters = workbook::chapters(&xtask::repo_root()).expect("the chapters are readable");
+    workbook::find(&chapters, number).expect("the chapter exists").clone()
+}
+
+/// A run's failures, in the order they failed: (test name, its message).
+fn tally(failures: &[(&str, &str)]) -> SuiteTally {
+    let mut tally = SuiteTally::default();
+    for (name, message) in failures {
+        let stdout = format!("thread '{name}' panicked at tests/common/mod.rs:69:9:\n{message}\n");
+        let event = serde_like_json(name, &stdout);
+        tally.record_line(&event);
+    }
+    tally
+}
+
+/// One libtest JSON event for a failed test (the runner's reader parses it).
+fn serde_like_json(name: &str, stdout: &str) -> String {
+    let escape = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+    format!(
+        r#"{{ "type": "test", "event": "failed", "name": "{}", "stdout": "{}" }}"#,
+        escape(name),
+        escape(stdout)
+    )
+}
+
+/// The test names in the order `cargo workbook test` lists them.
+fn ranked_names(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
+    rank_failures(chapter, tally).iter().map(|r| tally.failures[r.index].0.clone()).collect()
+}
+
+#[test]
+fn a_wrong_begin_no_sync_is_blamed_on_begin_no_sync_not_on_accumulate_and_step() {
+    // begin_no_sync returning `true` instead of the state it found.
+    let ch04 = chapter("04");
+    let run = tally(&[
+        (
+            "edge_cases::accumulate_and_step_leaves_the_sync_switch_as_it_found_it",
+            "rank 0 returned an error: your accumulate_and_step, called with the sync switch off (inside the \
+             caller's no_sync), turned it on",
+        ),
+        (
+            "edge_cases::no_sync_restores_the_previous_state_on_every_way_out",
+            "rank 1 returned an error: closing an INNER no_sync turned the switch on: your begin_no_sync must \
+             return the state it found (off, inside an outer scope), not `true`",
+        ),
+    ]);
+    assert_eq!(
+        ranked_names(&ch04, &run)[0],
+        "edge_cases::no_sync_restores_the_previous_state_on_every_way_out",
+        "both messages say `your ...`; begin_no_sync comes first in the exercise, and accumulate_and_step \
+         calls it through no_sync"
+    );
+    let lines = verdict::describe(&ch04, &run, 1);
+    assert!(lines.iter().any(|l| l.contains("start with `begin_no_sync`")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("`cargo workbook test 04 2` shows the next")), "{lines:#?}");
+}
+
+#[test]
+fn a_wrong_bucket_order_is_blamed_on_the_order_not_on_the_first_cap_rule() {
+    // plan_buckets with the right buckets, reversed. Every layout test says
+    // so now; before, the first failure spoke of the caps.
+    let ch05 = chapter("05");
+    let order = "your plan_buckets planned the right buckets in the wrong order";
+    let run = tally(&[
+        ("layout_for_tiny_caps_is_the_one_the_chapter_explains", order),
+        ("layout_rules::the_first_cap_stops_applying_the_moment_the_first_bucket_closes", order),
+        ("plan_buckets_follows_the_three_rules_on_hand_made_sizes", order),
+    ]);
+    let first = &rank_failures(&ch05, &run)[0];
+    assert_eq!((first.pointing, first.function.as_deref()), (Pointing::SaysYour, Some("plan_buckets")));
+    let lines = verdict::describe(&ch05, &run, 1);
+    assert!(lines.iter().any(|l| l.contains(order)), "{lines:#?}");
+}
+
+#[test]
+fn a_division_before_the_wait_is_shown_by_the_test_that_diagnoses_it() {
+    // finish_bucket dividing before work.wait(): the first failure was a
+    // launch_bucket test whose message only said the mean was not 1.5.
+    let ch06 = chapter("06");
+    let run = tally(&[
+        ("steps::launch_bucket_returns_before_the_all_reduce_has_finished", "rank 0: `w`'s gradient is the mean of 1 and 2"),
+        (
+            "training::no_sync_sends_nothing_and_accumulates_and_the_step_equals_one_process",
+            "rank 0, 2 micro-batches, after step 2: the distributed model differs from the single-process reference",
+        ),
+        (
+            "waiting::the_bucket_is_read_and_divided_only_where_the_all_reduce_cannot_overwrite_it",
+            "rank 0's gradient is 3, the mean is 1.5. It is the sum, undivided: your launch_bucket or \
+             finish_bucket divided while the all-reduce still owned the bucket",
+        ),
+    ]);
+    let names = ranked_names(&ch06, &run);
+    assert_eq!(
+        names[0],
+        "waiting::the_bucket_is_read_and_divided_only_where_the_all_reduce_cannot_overwrite_it"
+    );
+    assert_eq!(names[1], "steps::launch_bucket_returns_before_the_all_reduce_has_finished", "named after it");
+    assert_eq!(names[2], "training::no_sync_sends_nothing_and_accumulates_and_the_step_equals_one_process");
+    let second = verdict::describe(&ch06, &run, 2);
+    assert!(second.iter().any(|l| l.contains("the mean of 1 and 2")), "failure 2 in full: {second:#?}");
+    assert!(second.iter().any(|l| l.contains("`cargo workbook test 06 3` shows the next")), "{second:#?}");
+}
+
+#[test]
+fn controls_rank_last_and_a_symptom_is_said_to_be_one() {
+    let exercises = ["mark_ready".to_string(), "launch_bucket".to_string()];
+    let levels = [
+        ("controls::a_fake_sync_is_caught", "your mark_ready"),
+        ("negative_control_without_sync", "your mark_ready"),
+        ("replicas_match", "the replicas differ"),
+        ("replicas_match", "mark_ready returned bucket 1"),
+        ("mark_ready_lets_buckets_leave", "left: [2]"),
+        ("training::steps", "your launch_bucket or your mark_ready"), // mark_ready comes first in the exercise
+    ];
+    let got: Vec<(Pointing, Option<String>)> =
+        levels.iter().map(|(name, out)| pointing(&exercises, name, out)).collect();
+    let mark = Some("mark_ready".to_string());
+    assert_eq!(
+        got,
+        [
+            (Pointing::Control, None),
+            (Pointing::Control, None),
+            (Pointing::Symptom, None),
+            (Pointing::Mentions, mark.clone()),
+            (Pointing::NamedAfter, mark.clone()),
+            (Pointing::SaysYour, mark),
+        ]
+    );
+}
