@@ -7,12 +7,13 @@
 //! buffers, one all-reduce per bucket. Here a [`GradientBuckets`] is planned
 //! (its layout from `layout.rs`, checked to be the same on every rank) and
 //! synced by copying, bucket by bucket, with chapter 5's [`sync_bucket`];
-//! the buckets themselves, and the sync that copies nothing, are in
+//! or in place ([`GradientBuckets::sync`], gradients kept in the buckets:
+//! the library's sync after backward). The buckets themselves are in
 //! `buckets.rs`.
 //!
 //! Tested by `cargo test --test chapter_05`.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::buckets::GradientBuckets;
 use super::layout::{self, plan_buckets, Bucket, BucketCaps, ParamMeta};
@@ -122,6 +123,57 @@ impl GradientBuckets {
     }
 }
 // ANCHOR_END: gradient_buckets
+
+impl GradientBuckets {
+    /// Averages every gradient of `params` over all ranks, one all-reduce per
+    /// bucket, in bucket order, in place: the gradients become views of
+    /// their slots (see `buckets.rs`). A parameter without a
+    /// gradient sends zeros and keeps none; if another rank had one for it,
+    /// every rank fails naming it.
+    pub fn sync(&self, pg: &dyn ProcessGroup, params: &[Named]) -> Result<(), DistError> {
+        for b in 0..self.layout().len() {
+            tagged(format!("bucket {b}"), || {
+                let work = self.launch_bucket(pg, b, params)?;
+                self.finish_bucket(pg, b, work)
+            })?;
+            self.check_missing_gradients(pg, b, params)?;
+        }
+        Ok(())
+    }
+
+    /// A parameter without a gradient on this rank sent zeros. If its
+    /// averaged slot of bucket `b` is not zero, another rank did compute a
+    /// gradient for it: the others will update it and this rank will not,
+    /// and the replicas drift apart silently. Turn that into an error that
+    /// names the parameter.
+    fn check_missing_gradients(
+        &self,
+        pg: &dyn ProcessGroup,
+        b: usize,
+        params: &[Named],
+    ) -> Result<(), DistError> {
+        for &index in &self.layout()[b].params {
+            let (name, param) = &params[index];
+            if param.grad().defined() || param.numel() == 0 {
+                continue;
+            }
+            let largest =
+                tch::no_grad(|| self.slot(index).abs().max().to_kind(Kind::Double).double_value(&[]));
+            if largest != 0.0 {
+                let detail = format!(
+                    "`{name}` has no gradient on rank {} (it took no part in this rank's loss), but \
+                     the averaged bucket holds values up to {largest:e} for it: other ranks used it. \
+                     Then they update it and this rank does not. Use every parameter in the loss on \
+                     every rank (or on none). If this rank is right, check that sync_bucket fills \
+                     the slot of a parameter without gradient with zeros.",
+                    pg.rank()
+                );
+                return Err(DistError::Invalid { rank: pg.rank(), op: "sync_gradients".into(), detail });
+            }
+        }
+        Ok(())
+    }
+}
 
 // ANCHOR: sync_bucket
 /// Averages the gradients of one bucket's parameters over all ranks with a

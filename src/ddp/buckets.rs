@@ -10,7 +10,8 @@
 //! in it, computed once when the layout is planned. Everything that puts a
 //! gradient into a bucket, moves the buckets' bytes or reads a slot goes
 //! through it, and its fields are private: the wrappers, the overlapped
-//! sync (`overlap.rs`) and the re-plan (`replan.rs`) use its methods.
+//! sync (`overlap.rs`) and the end-of-backward check (`unused.rs`) use its
+//! methods.
 //!
 //! The finished wrapper keeps gradients in the buckets (PyTorch's
 //! `gradient_as_bucket_view`): the first time a parameter has a gradient,
@@ -20,13 +21,25 @@
 //! `zero_grad` zeroes it there, and the all-reduce leaves the average where
 //! the optimizer reads it: the sync copies nothing.
 //!
+//! The first layout guesses that backward produces gradients in reverse
+//! registration order; a model that registers its layers in another order
+//! than it uses them proves the guess wrong, and then the first bucket waits
+//! for the last gradient and nothing overlaps. So after the first synced
+//! step every rank adopts rank 0's observed order ([`agree_on_order`]: ranks
+//! must agree, their all-reduces pair up by bucket) and, if the current
+//! layout made a complete bucket wait for a later one, the buckets are
+//! planned again ([`GradientBuckets::replan_in_order`], PyTorch's
+//! `rebuild_buckets`). PyTorch plans again in any case; a layout whose
+//! buckets already complete in order loses nothing by staying, and keeps
+//! its buffers, where an optimizer may read the gradients.
+//!
 //! Tested by `cargo test --test ddp`, `cargo test --test overlap` and
 //! `cargo test --test chapter_05`.
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
-use super::layout::{Bucket, BucketCaps};
-use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp, Work};
+use super::layout::{plan_buckets, Bucket, BucketCaps, ParamMeta};
+use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
 use crate::models::Named;
 
 /// A model's bucket layout, planned once and the same on every rank, with
@@ -38,7 +51,7 @@ pub struct GradientBuckets {
     /// For each parameter (registration index): its bucket, and where its
     /// slot starts in that bucket's buffer. Computed once per layout.
     slots: Vec<SlotPlace>,
-    /// The caps it was planned with, kept for a re-plan (`replan.rs`).
+    /// The caps it was planned with, kept for a re-plan (below).
     caps: BucketCaps,
 }
 
@@ -172,56 +185,7 @@ impl GradientBuckets {
         Ok(())
     }
 
-    /// Averages every gradient of `params` over all ranks, one all-reduce per
-    /// bucket, in bucket order, in place: the gradients become views of
-    /// their slots (see the top of this file). A parameter without a
-    /// gradient sends zeros and keeps none; if another rank had one for it,
-    /// every rank fails naming it.
-    pub fn sync(&self, pg: &dyn ProcessGroup, params: &[Named]) -> Result<(), DistError> {
-        for b in 0..self.layout.len() {
-            tagged(format!("bucket {b}"), || {
-                let work = self.launch_bucket(pg, b, params)?;
-                self.finish_bucket(pg, b, work)
-            })?;
-            self.check_missing_gradients(pg, b, params)?;
-        }
-        Ok(())
-    }
-
-    /// A parameter without a gradient on this rank sent zeros. If its
-    /// averaged slot of bucket `b` is not zero, another rank did compute a
-    /// gradient for it: the others will update it and this rank will not,
-    /// and the replicas drift apart silently. Turn that into an error that
-    /// names the parameter.
-    pub(super) fn check_missing_gradients(
-        &self,
-        pg: &dyn ProcessGroup,
-        b: usize,
-        params: &[Named],
-    ) -> Result<(), DistError> {
-        for &index in &self.layout[b].params {
-            let (name, param) = &params[index];
-            if param.grad().defined() || param.numel() == 0 {
-                continue;
-            }
-            let largest =
-                tch::no_grad(|| self.slot(index).abs().max().to_kind(Kind::Double).double_value(&[]));
-            if largest != 0.0 {
-                let detail = format!(
-                    "`{name}` has no gradient on rank {} (it took no part in this rank's loss), but \
-                     the averaged bucket holds values up to {largest:e} for it: other ranks used it. \
-                     Then they update it and this rank does not. Use every parameter in the loss on \
-                     every rank (or on none). If this rank is right, check that sync_bucket fills \
-                     the slot of a parameter without gradient with zeros.",
-                    pg.rank()
-                );
-                return Err(DistError::Invalid { rank: pg.rank(), op: "sync_gradients".into(), detail });
-            }
-        }
-        Ok(())
-    }
-
-    /// Replaces the layout by `layout` (a re-plan: `replan.rs`), with new
+    /// Replaces the layout by `layout` (a re-plan: below), with new
     /// buffers; a gradient that was a view of its old slot is installed in
     /// its new one, values and all.
     pub(super) fn relayout(
@@ -244,3 +208,72 @@ impl GradientBuckets {
 /// Each bucket's members (indices into the parameters, in buffer order) and
 /// its flat buffer: [`GradientBuckets::flat_groups`].
 pub type FlatGroups = Vec<(Vec<usize>, Tensor)>;
+
+// Re-planning (PyTorch's `rebuild_buckets`): see the top of this file.
+
+/// Rank 0's `observed` order, on every rank. A parameter rank 0 never saw
+/// ready (it got no gradient) is appended, from the last registered to the
+/// first, so that the order names every parameter once.
+pub fn agree_on_order(
+    pg: &dyn ProcessGroup,
+    observed: &[usize],
+    param_count: usize,
+) -> Result<Vec<usize>, DistError> {
+    let mut order: Vec<i64> = Vec::with_capacity(param_count);
+    let mut seen = vec![false; param_count];
+    for &p in observed.iter().chain((0..param_count).rev().collect::<Vec<_>>().iter()) {
+        if !seen[p] {
+            seen[p] = true;
+            order.push(p as i64);
+        }
+    }
+    let mut agreed = Tensor::from_slice(&order); // [param_count]
+    pg.broadcast(&mut agreed, 0)?;
+    let agreed = Vec::<i64>::try_from(&agreed).map_err(torch_error(pg, "reading rank 0's gradient order"))?;
+    Ok(agreed.into_iter().map(|p| p as usize).collect())
+}
+
+impl GradientBuckets {
+    /// If, with gradients ready in `order` (each parameter once), some
+    /// bucket would complete after a later one, and so wait for it, plans
+    /// the buckets again, with the same caps, filling them in `order`
+    /// instead of reverse registration order. Returns the new layout's flat
+    /// groups if the layout changed (new buffers then replace the old, and a
+    /// gradient that lived in its old slot lives in its new one), `None` if
+    /// it stays. Every rank must pass the same order (see [`agree_on_order`]).
+    pub fn replan_in_order(
+        &mut self,
+        pg: &dyn ProcessGroup,
+        params: &[Named],
+        order: &[usize],
+    ) -> Result<Option<FlatGroups>, DistError> {
+        if completes_in_order(self.layout(), order) {
+            return Ok(None);
+        }
+        let metas = ParamMeta::of(params);
+        // `plan_buckets` walks its list from the last entry to the first:
+        // hand it the order reversed, and map its indices back.
+        let reversed: Vec<usize> = order.iter().rev().copied().collect();
+        let permuted: Vec<ParamMeta> = reversed.iter().map(|&p| metas[p].clone()).collect();
+        let caps = self.caps();
+        let mut layout = plan_buckets(&permuted, caps.cap_bytes, caps.first_cap_bytes);
+        for bucket in &mut layout {
+            bucket.params.iter_mut().for_each(|j| *j = reversed[*j]);
+        }
+        if layout == self.layout() {
+            return Ok(None);
+        }
+        self.relayout(pg, params, layout)?;
+        Ok(Some(self.flat_groups()))
+    }
+}
+
+/// Whether each bucket's last member comes, in `order`, before the last
+/// member of every later bucket: then every bucket leaves as it completes.
+fn completes_in_order(layout: &[Bucket], order: &[usize]) -> bool {
+    let mut position = vec![0; order.len()];
+    order.iter().enumerate().for_each(|(at, &p)| position[p] = at);
+    let completed_at: Vec<usize> =
+        layout.iter().map(|b| b.params.iter().map(|&p| position[p]).max().unwrap_or(0)).collect();
+    completed_at.windows(2).all(|w| w[0] < w[1])
+}

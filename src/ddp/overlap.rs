@@ -8,7 +8,7 @@
 //! learner's three steps instead ([`OverlapSteps`]).
 //!
 //! After the first synced step the buckets are re-planned from the order in
-//! which the gradients became ready (`replan.rs`).
+//! which the gradients became ready (`buckets.rs`).
 //!
 //! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
 
@@ -17,10 +17,10 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::buckets::{FlatGroups, GradientBuckets};
+use super::buckets::{agree_on_order, FlatGroups, GradientBuckets};
 use super::layout::Bucket;
-use super::overlap_steps::{mark_ready, BucketProgress, OverlapSteps};
-use super::replan::agree_on_order;
+use super::overlap_steps::{mark_ready, BucketProgress, Launch, OverlapSteps, StepRecord};
+
 use super::unused::{end_of_backward_check, EndOfBackward};
 use crate::autograd::GradReadyHooks;
 use crate::dist::{tagged, DistError, Group, Work};
@@ -98,26 +98,6 @@ impl SyncState {
         self.record.launches.push(Launch { bucket: b, at: Instant::now(), gradients_ready });
         Ok(())
     }
-}
-
-/// One bucket's launch in a synced backward.
-#[derive(Clone, Debug)]
-pub struct Launch {
-    pub bucket: usize,
-    pub at: Instant,
-    /// How many gradients were ready when it left.
-    pub gradients_ready: usize,
-}
-
-/// What happened in the last synced backward.
-#[derive(Clone, Debug, Default)]
-pub struct StepRecord {
-    /// The buckets, in the order they left.
-    pub launches: Vec<Launch>,
-    /// The parameters, in the order their gradients became ready.
-    pub ready_order: Vec<usize>,
-    /// When backward had returned and the sync's end began.
-    pub backward_ended: Option<Instant>,
 }
 
 /// Gradient buckets whose all-reduces overlap with backward.

@@ -10,9 +10,12 @@
 //! (after backward: wait for it and divide). Chapter 6 of the book has the
 //! learner write all three. The library's [`mark_ready`] is here; its
 //! launch and finish are methods of `GradientBuckets` (`buckets.rs`), which
-//! keep gradients in their buckets, so they copy nothing.
+//! keep gradients in their buckets, so they copy nothing. Here too: what a
+//! synced backward leaves behind for tests and benchmarks ([`StepRecord`]).
 //!
 //! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
+
+use std::time::Instant;
 
 use tch::Tensor;
 
@@ -60,6 +63,26 @@ impl BucketProgress {
     pub fn not_ready(&self) -> Vec<usize> {
         (0..self.ready.len()).filter(|&i| !self.ready[i]).collect()
     }
+}
+
+/// One bucket's launch in a synced backward.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub bucket: usize,
+    pub at: Instant,
+    /// How many gradients were ready when it left.
+    pub gradients_ready: usize,
+}
+
+/// What happened in the last synced backward.
+#[derive(Clone, Debug, Default)]
+pub struct StepRecord {
+    /// The buckets, in the order they left.
+    pub launches: Vec<Launch>,
+    /// The parameters, in the order their gradients became ready.
+    pub ready_order: Vec<usize>,
+    /// When backward had returned and the sync's end began.
+    pub backward_ended: Option<Instant>,
 }
 
 /// A hook said parameter `param`'s gradient is final. Returns the buckets to

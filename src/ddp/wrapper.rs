@@ -19,7 +19,8 @@ use super::bucketed::BucketingError;
 use super::buckets::{FlatGroups, GradientBuckets};
 use super::layout::{Bucket, BucketCaps};
 use super::no_sync::{NoSyncGuard, SyncSwitch};
-use super::overlap::{OverlappedBuckets, StepRecord};
+use super::overlap::OverlappedBuckets;
+use super::overlap_steps::StepRecord;
 use super::replicated::Replicated;
 use crate::dist::{DistError, Group};
 
@@ -176,7 +177,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 
     /// The bucket layout, in the order the buckets are all-reduced. After
     /// the first synced step it follows the order in which the gradients
-    /// became ready (see `replan.rs`).
+    /// became ready (see `buckets.rs`).
     pub fn buckets(&self) -> Vec<Bucket> {
         self.buckets.layout()
     }
@@ -194,7 +195,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     }
 
     /// The new layout's flat groups if a sync re-planned the buckets since
-    /// the last call (the first synced step may: see `replan.rs`), else
+    /// the last call (the first synced step may: see `buckets.rs`), else
     /// `None`. An optimizer laid out on the old buffers must be laid out
     /// again on these ([`train_step`](super::train_step) does it).
     pub fn take_new_layout(&self) -> Option<FlatGroups> {
