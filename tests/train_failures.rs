@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ddp_workbook::tch::{Device, Kind, Tensor};
-use ddp_workbook::train::{self, checkpoint, Checkpoint, Progress, SaveStep, TrainConfig};
+use ddp_workbook::train::{self, checkpoint, Checkpoint, LoopPosition, SaveStep, TrainConfig};
 
 /// A run small enough for a debug build (as in `tests/train.rs`).
 fn small_run(checkpoint: Option<PathBuf>) -> TrainConfig {
@@ -63,7 +63,7 @@ fn every_write_has_its_own_temporary_file() {
 /// A small checkpoint whose step and weights say which save wrote it.
 fn numbered_checkpoint(step: i64) -> Checkpoint {
     let weights = Tensor::full([4], step as f64, (Kind::Float, Device::Cpu));
-    let progress = Progress { step, epoch: 0, position: 0 };
+    let progress = LoopPosition { step, epoch: 0, position: 0 };
     Checkpoint { model: vec![("w".into(), weights)], optimizer: vec![], progress, settings: vec![] }
 }
 

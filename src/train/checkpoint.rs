@@ -25,7 +25,7 @@ use crate::fingerprint::Fnv1a;
 /// Where the training loop stands after `step` optimizer steps: the next
 /// micro-batch is at `position` in this rank's shard of epoch `epoch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Progress {
+pub struct LoopPosition {
     pub step: i64,
     pub epoch: i64,
     pub position: i64,
@@ -53,7 +53,7 @@ pub struct Checkpoint {
     pub model: Vec<Named>,
     /// The optimizer's state, by the names its `state()` gave them.
     pub optimizer: Vec<Named>,
-    pub progress: Progress,
+    pub progress: LoopPosition,
     /// The run settings this checkpoint was trained with.
     pub settings: Vec<(String, Setting)>,
 }
@@ -125,7 +125,7 @@ fn entries(checkpoint: &Checkpoint) -> Vec<Named> {
     for (name, tensor) in &checkpoint.optimizer {
         tensors.push((format!("optim.{name}"), tensor.detach().contiguous()));
     }
-    let Progress { step, epoch, position } = checkpoint.progress;
+    let LoopPosition { step, epoch, position } = checkpoint.progress;
     for (name, value) in [("step", step), ("epoch", epoch), ("position", position)] {
         tensors.push((format!("train.{name}"), Tensor::from_slice(&[value])));
     }
@@ -195,7 +195,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let mut checkpoint = Checkpoint {
         model: vec![],
         optimizer: vec![],
-        progress: Progress { step: -1, epoch: -1, position: -1 },
+        progress: LoopPosition { step: -1, epoch: -1, position: -1 },
         settings: vec![],
     };
     for (name, tensor) in tensors {
@@ -221,7 +221,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
             }
         }
     }
-    let Progress { step, epoch, position } = checkpoint.progress;
+    let LoopPosition { step, epoch, position } = checkpoint.progress;
     if step < 0 || epoch < 0 || position < 0 {
         return Err(invalid(format!(
             "train.step/epoch/position missing or negative ({step}/{epoch}/{position})"

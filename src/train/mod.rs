@@ -29,7 +29,7 @@ mod replicas;
 mod run;
 mod saving;
 
-pub use checkpoint::{Checkpoint, CheckpointError, Progress, SaveStep, Setting};
+pub use checkpoint::{Checkpoint, CheckpointError, LoopPosition, SaveStep, Setting};
 #[cfg(feature = "nccl")]
 pub use gpu::{train_as_gpu_process, train_on_gpus};
 pub use optim::AdamW;

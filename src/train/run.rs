@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tch::{Kind, Tensor};
 
-use super::checkpoint::{self, Checkpoint, CheckpointError, Progress};
+use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition};
 use super::optim::AdamW;
 use super::phases::{Phase, PhaseClock};
 use super::replicas::check_replicas_agree;
@@ -118,7 +118,7 @@ pub fn train_rank(
     // sync and the optimizer copy nothing.
     let mut optimizer =
         AdamW::with_groups(ddp.parameters(), config.lr, config.weight_decay, ddp.flat_groups());
-    let mut progress = Progress { step: 0, epoch: 0, position: 0 };
+    let mut progress = LoopPosition { step: 0, epoch: 0, position: 0 };
     if let Some((path, saved)) = &saved {
         let invalid = |detail| CheckpointError::Invalid { path: path.to_path_buf(), detail };
         optimizer.load_state(&saved.optimizer).map_err(invalid)?;
@@ -168,7 +168,7 @@ pub fn train_rank(
         train_time += elapsed;
         window = (window.0 + elapsed, window.1 + 1);
         losses.push(rank_loss);
-        progress = Progress {
+        progress = LoopPosition {
             step: step as i64,
             epoch: cursor.sampler.epoch() as i64,
             position: cursor.position as i64,
