@@ -68,7 +68,7 @@ fn send_and_receive(
     incoming: &mut Tensor,
     left: usize,
 ) -> Result<(), DistError> {
-    if pg.rank() % 2 == 0 {
+    if pg.rank().is_multiple_of(2) {
         pg.send(outgoing, right)?;
         pg.recv(incoming, left)
     } else {

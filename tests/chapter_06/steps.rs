@@ -126,7 +126,7 @@ fn permutations(items: &[usize]) -> Vec<Vec<usize>> {
         }
         for i in 0..k {
             heap(k - 1, items, out);
-            let j = if k % 2 == 0 { i } else { 0 };
+            let j = if k.is_multiple_of(2) { i } else { 0 };
             items.swap(j, k - 1);
         }
     }

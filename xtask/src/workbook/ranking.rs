@@ -49,6 +49,9 @@ fn holds_word(text: &str, word: &str, whole: bool) -> bool {
     })
 }
 
+/// Whether a failure names an exercise function, one way.
+type NamesFunction<'a> = dyn Fn(&str) -> bool + 'a;
+
 /// How the failure of test `name`, whose output is `output`, points at one
 /// of `exercises` (in exercise order).
 pub fn pointing(exercises: &[String], name: &str, output: &str) -> (Pointing, Option<String>) {
@@ -56,7 +59,7 @@ pub fn pointing(exercises: &[String], name: &str, output: &str) -> (Pointing, Op
         return (Pointing::Control, None);
     }
     let test_function = name.rsplit("::").next().unwrap_or(name);
-    let checks: [(Pointing, &dyn Fn(&str) -> bool); 3] = [
+    let checks: [(Pointing, &NamesFunction); 3] = [
         (Pointing::SaysYour, &|f| holds_word(output, &format!("your {f}"), false)),
         (Pointing::NamedAfter, &|f| {
             test_function.starts_with(f) || test_function.contains(&format!("_{f}_"))
