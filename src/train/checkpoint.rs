@@ -1,6 +1,7 @@
 //! Training checkpoints: one safetensors file that holds everything a run
 //! needs to continue exactly where it stopped. Written by rank 0 alone,
-//! atomically; read by every rank on `--resume`. Checked by
+//! atomically; on `--resume` read by rank 0, whose bytes the other ranks
+//! receive (`resume.rs`). Checked by
 //! `cargo test --test train`.
 //!
 //! The file's tensors, by name:
@@ -181,9 +182,25 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     if !path.is_file() {
         return Err(CheckpointError::Missing { path: path.to_path_buf() });
     }
+    let bytes = std::fs::read(path).map_err(|error| CheckpointError::Unreadable {
+        path: path.to_path_buf(),
+        cause: TchError::Io(error),
+    })?;
+    from_bytes(path, &bytes)
+}
+
+/// The checkpoint in `bytes`, the contents of a checkpoint file (`path`
+/// names it in errors), its checksum checked: what [`load`] reads, and what
+/// a resumed run's ranks receive from rank 0 (`resume.rs`).
+pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     let invalid = |detail: String| CheckpointError::Invalid { path: path.to_path_buf(), detail };
-    let mut tensors = Tensor::read_safetensors(path)
-        .map_err(|source| CheckpointError::Unreadable { path: path.to_path_buf(), cause: source })?;
+    let unreadable = |cause| CheckpointError::Unreadable { path: path.to_path_buf(), cause };
+    let file = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|err| unreadable(TchError::SafeTensorError { path: path.display().to_string(), err }))?;
+    let mut tensors = Vec::new();
+    for (name, view) in file.tensors() {
+        tensors.push((name, Tensor::try_from(view).map_err(unreadable)?));
+    }
     let stored = match tensors.iter().position(|(name, _)| name == "train.checksum") {
         Some(i) => int_value(&tensors.swap_remove(i).1),
         None => None,

@@ -11,6 +11,7 @@
 //! - `optim.rs`: AdamW with its state in named tensors, so it can be saved;
 //! - `checkpoint.rs`: the checkpoint file and how it is read;
 //! - `saving.rs`: how it is written: checked first, atomically, the previous one kept;
+//! - `resume.rs`: on `--resume`, rank 0 reads it and the others receive it;
 //! - `outcome.rs`: what rank 0 reports while it trains, what every rank returns;
 //! - `replicas.rs`: the last check, that every rank ended in the same state;
 //! - `phases.rs`: where the steps spend their time.
@@ -26,6 +27,7 @@ pub mod optim;
 mod outcome;
 mod phases;
 mod replicas;
+mod resume;
 mod run;
 mod saving;
 
@@ -243,7 +245,9 @@ pub fn train_as_process(
     on_event: &(dyn Fn(Event) + Sync),
 ) -> anyhow::Result<RankOutcome> {
     let config = TrainConfig { world_size: pg.world_size(), ..config.clone() };
-    config.validate()?; // the same on every rank, so every rank refuses alike
+    // The checkpoint file is rank 0's: the others may run on machines that
+    // cannot see it. Every rank returns rank 0's verdict on it.
+    resume::validate_as_process(pg.as_ref(), &config)?;
     train_rank(pg, &config, on_event)
 }
 

@@ -102,11 +102,12 @@ pub fn train_rank(
     vs.set_device(config.device); // built on the CPU, bitwise alike everywhere, then moved
 
     let saved = match (&config.checkpoint, config.resume) {
-        (Some(path), true) => Some((path, load_for_resume(path, config)?)),
+        // Rank 0 reads the file; the others receive it (resume.rs).
+        (Some(path), true) => Some((path, super::resume::load_on_rank0(pg.as_ref(), path, config)?)),
         _ => None,
     };
     if let Some((path, saved)) = &saved {
-        saved.restore_model(path, &named_parameters(&vs))?; // every rank reads the same file
+        saved.restore_model(path, &named_parameters(&vs))?; // every rank holds the same bytes
         saved.restore_model(path, &named_buffers(&vs))?;
     }
     // Checks that every rank holds the same weights, then plans the buckets.
