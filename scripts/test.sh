@@ -38,6 +38,11 @@
 #   train      cargo run --release --features mpi,nccl --example train reaches its target
 #   mpi        the same run on 2 processes reaches it too:
 #              scripts/launch.sh -np 2 target/release/examples/train --backend mpi
+#   multinode  cargo test --features solutions,mpi,nccl --test multinode: jobs
+#              on 2 nodes x 2 ranks that scripts/nodes.sh makes on this machine
+#              (training, a killed remote rank, a pulled cable, resume,
+#              --max-restarts); needs root, and counts each test as skipped,
+#              with the reason, where nodes cannot be made
 #
 # Run a part, or leave parts out (arguments go to the runner):
 #   scripts/test.sh --only teeth          (the same as: cargo xtask test --only teeth)

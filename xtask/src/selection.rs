@@ -106,6 +106,12 @@ pub static CHECKS: &[Check] = &[
         needs_libtorch: true,
         run: tool_checks::train_mpi,
     },
+    Check {
+        name: "multinode",
+        what: "cargo test --features solutions,mpi,nccl --test multinode: 2 nodes x 2 ranks made here by scripts/nodes.sh (training, a killed remote rank, a downed link, resume, --max-restarts; counted per test; skipped with the reason where nodes cannot be made)",
+        needs_libtorch: true,
+        run: tool_checks::multinode,
+    },
 ];
 
 /// The check called `name`, if there is one.

@@ -1,6 +1,7 @@
 //! xtask/src/tool_checks.rs: the checks that run an outside tool and read its
 //! exit status or closing line: fmt, book (mdBook), notebooks, clippy; and,
-//! in `tool_checks/training.rs`, train and mpi (the training runs).
+//! in `tool_checks/training.rs`, train and mpi (the training runs); in
+//! `tool_checks/multinode.rs`, multinode (jobs on nodes made on this machine).
 //! Run one: `cargo xtask test --only clippy`.
 
 use std::path::PathBuf;
@@ -12,7 +13,9 @@ use crate::report::{Outcome, Report};
 use crate::test_checks::CHAPTER_LIMIT;
 use crate::Context;
 
+mod multinode;
 mod training;
+pub use multinode::multinode;
 pub use training::{replicas_fingerprint, train, train_mpi};
 
 /// In CI, the longest the notebooks may take, all of them together.
