@@ -61,8 +61,10 @@ fn a_link_taken_down_mid_run_ends_the_job_at_the_deadline_naming_the_silent_rank
     let after_cut = cut_at.elapsed();
     assert!(!ended.success, "the job should have failed:\n{}", ended.output);
     // Each rank of node 1 that reports its timeout names the ranks it
-    // waited for: those of node 2, and sometimes the other rank of node 1,
-    // still stuck in the call before, whose last bytes from node 2 never came.
+    // waited for: those of node 2 whose part of the call had not arrived
+    // when the cable went (one of them may have sent its part just before),
+    // and sometimes the other rank of node 1, still stuck in the call
+    // before, whose last bytes from node 2 never came.
     let silent: Vec<&str> = ended
         .output
         .lines()
@@ -73,8 +75,9 @@ fn a_link_taken_down_mid_run_ends_the_job_at_the_deadline_naming_the_silent_rank
     for named in &silent {
         let ranks: Vec<&str> = named.split(", ").collect();
         assert!(
-            ranks.contains(&"2") && ranks.contains(&"3"),
-            "a timeout that does not name node 2's ranks 2 and 3 ([{named}]):\n{}",
+            ranks.iter().any(|r| ["2", "3"].contains(r))
+                && ranks.iter().all(|r| ["0", "1", "2", "3"].contains(r)),
+            "a timeout that names none of node 2's ranks 2 and 3 ([{named}]):\n{}",
             ended.output
         );
     }
