@@ -14,7 +14,7 @@
 use tch::Tensor;
 
 use super::buckets::GradientBuckets;
-use crate::dist::{tagged, DistError, ProcessGroup, ReduceOp};
+use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp};
 use crate::models::Named;
 
 /// What this rank brings to the end-of-backward check.
@@ -57,7 +57,8 @@ pub(super) fn end_of_backward_check(
         let _ = flags.get(2 * n + pg.rank() as i64).fill_(1);
     }
     tagged(format!("{}, end-of-backward check", this_rank.tag), || pg.all_reduce(&mut flags, ReduceOp::Max))?;
-    let flags: Vec<i32> = Vec::try_from(flags.to_device(tch::Device::Cpu)).unwrap_or_default();
+    let flags: Vec<i32> = Vec::try_from(flags.to_device(tch::Device::Cpu))
+        .map_err(torch_error(pg, "reading the end-of-backward flags"))?;
     let (unused_somewhere, used_somewhere, failed) =
         (&flags[..n as usize], &flags[n as usize..2 * n as usize], &flags[2 * n as usize..]);
 
