@@ -5,16 +5,19 @@
 //! fails its end-of-run replica check. Run: `cargo test --test train`
 //! (add `-- --nocapture` to see the measured numbers).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::replaced_all_reduce::{AllReduceAsync, ReplacedAllReduce};
 use ddp_workbook::check::{compare_replicas, max_reference_diff, snapshot};
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
 use ddp_workbook::ddp::Named;
-use ddp_workbook::dist::{self, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
+use ddp_workbook::dist::{self, Group, Work};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
-use ddp_workbook::tch::{Kind, Tensor};
+use ddp_workbook::tch::Kind;
 use ddp_workbook::train::{
     self, checkpoint, AdamW, CheckpointError, ConfigError, RankOutcome, ReplicasDiffer, TrainConfig,
 };
@@ -308,53 +311,19 @@ fn a_short_run_learns() {
     assert!(last < first - 0.5, "the loss should fall by more than 0.5 in 40 steps: {first:.3} -> {last:.3}");
 }
 
-/// A process group whose all-reduces leave every tensor as it is: a DDP on
-/// it never averages a gradient. Everything else goes to the real group.
-struct AllReducesDoNothing(Group);
-
-impl ProcessGroup for AllReducesDoNothing {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn backend(&self) -> &'static str {
-        "all-reduces-do-nothing"
-    }
-    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
-        self.0.broadcast(tensor, root)
-    }
-    fn all_reduce_async(&self, _tensor: &Tensor, _op: ReduceOp) -> Result<Work, DistError> {
-        Ok(Work::new(|| Ok(())))
-    }
-    fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
-        self.0.all_gather(tensor)
-    }
-    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        self.0.reduce_scatter(tensor, op)
-    }
-    fn barrier(&self) -> Result<(), DistError> {
-        self.0.barrier()
-    }
-    fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
-        self.0.send(tensor, dst)
-    }
-    fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
-        self.0.recv(tensor, src)
-    }
-    fn stats(&self) -> CommStats {
-        self.0.stats()
-    }
-}
-
 #[test]
 fn a_run_whose_gradients_are_never_averaged_fails_its_replica_check() {
     // Each rank trains on its own shard and keeps its own gradients: rank 0
     // alone would still learn, so only comparing the replicas can tell.
     let config = TrainConfig { steps: 4, ..small_run(None) };
     let run = dist::spawn(2, |pg| {
-        let unsynced: Group = Arc::new(AllReducesDoNothing(pg));
+        // Every all-reduce leaves its tensor as it is: no gradient is ever averaged.
+        let do_nothing: AllReduceAsync = |_, _, _| Ok(Work::new(|| Ok(())));
+        let unsynced: Group = Arc::new(ReplacedAllReduce {
+            inner: pg,
+            name: "all-reduces-do-nothing",
+            all_reduce_async: do_nothing,
+        });
         train::train_rank(unsynced, &config, &|_| {})
     });
     let error = match run {

@@ -10,63 +10,34 @@
 
 use approx::relative_eq;
 use ddp_workbook::ch06_overlap::{learner, Bucket};
-use ddp_workbook::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
+use ddp_workbook::dist::{DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::{self, Device, Kind, Tensor};
 
+use super::common::replaced_all_reduce::ReplacedAllReduce;
 use super::common::run;
 
-/// A rank's process group whose `all_reduce_async` sends the tensor as it is
-/// at the call and writes the result into it only at `wait()`.
-struct LateAllReduce(Group);
-
-impl ProcessGroup for LateAllReduce {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn backend(&self) -> &'static str {
-        "late-all-reduce"
-    }
-    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
-        self.0.broadcast(tensor, root)
-    }
-    fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
-        let mut sent = tensor.copy(); // what travels: the bucket at the launch
-        let mut target = tensor.shallow_clone(); // where the result lands, at the wait
-        let group = self.0.clone();
-        Ok(Work::new(move || {
-            group.all_reduce(&mut sent, op)?;
-            tch::no_grad(|| target.copy_(&sent));
-            Ok(())
-        }))
-    }
-    fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
-        self.0.all_gather(tensor)
-    }
-    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        self.0.reduce_scatter(tensor, op)
-    }
-    fn barrier(&self) -> Result<(), DistError> {
-        self.0.barrier()
-    }
-    fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
-        self.0.send(tensor, dst)
-    }
-    fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
-        self.0.recv(tensor, src)
-    }
-    fn stats(&self) -> CommStats {
-        self.0.stats()
-    }
+/// An `all_reduce_async` that sends the tensor as it is at the call and
+/// writes the result into it only at `wait()`.
+fn late_all_reduce(group: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
+    let mut sent = tensor.copy(); // what travels: the bucket at the launch
+    let mut target = tensor.shallow_clone(); // where the result lands, at the wait
+    let group = group.clone();
+    Ok(Work::new(move || {
+        group.all_reduce(&mut sent, op)?;
+        tch::no_grad(|| target.copy_(&sent));
+        Ok(())
+    }))
 }
 
 #[test]
 fn the_bucket_is_read_and_divided_only_where_the_all_reduce_cannot_overwrite_it() {
     for world_size in [2, 3] {
         let per_rank = run(world_size, |group| {
-            let pg = LateAllReduce(group);
+            let pg = ReplacedAllReduce {
+                inner: group,
+                name: "late-all-reduce",
+                all_reduce_async: late_all_reduce,
+            };
             let own = 1.0 + pg.rank() as f64; // this rank's gradient, in every element
             let param = Tensor::zeros([2, 3], (Kind::Double, Device::Cpu)).set_requires_grad(true);
             (&param * own).sum(Kind::Double).backward();

@@ -9,6 +9,8 @@
 
 #![allow(dead_code)] // every test binary uses its own part of the fixture
 
+pub mod replaced_all_reduce;
+
 use std::time::Duration;
 
 use ddp_workbook::check::{compare_replicas, compare_to_reference, max_reference_diff, snapshot};
