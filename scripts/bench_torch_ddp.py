@@ -2,7 +2,7 @@
 """scripts/bench_torch_ddp.py: the workbook's training run written with
 PyTorch's own DistributedDataParallel, for a head-to-head on equal work:
 the same tiny GPT (src/models/gpt.rs: 2 blocks, 4 heads, width 64, 104,192
-parameters, attention written out as in ours), the same sorting task
+parameters; its PyTorch twin, scripts/torch/models.py), the same sorting task
 (src/data.rs, TokenTask::standard), 2 processes on the gloo backend, 16
 sequences per rank per micro-batch, 2 micro-batches per step (no_sync on the
 first), AdamW at 3e-3, one libtorch thread per process.
@@ -17,66 +17,21 @@ Prints `tokens_per_second N` (rank 0's, over the timed steps).
 """
 
 import argparse
-import math
 import os
 import socket
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-VOCAB, BLOCK, N_LAYER, N_HEAD, N_EMBD = 16, 32, 2, 4, 64
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch"))
+from models import Gpt  # noqa: E402  the twin of src/models/gpt.rs, GptConfig::tiny()
+
 N_SYMBOLS, HALF_LEN = 15, 16
-
-
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(N_EMBD, 3 * N_EMBD)
-        self.proj = nn.Linear(N_EMBD, N_EMBD)
-        self.register_buffer("causal_mask", torch.tril(torch.ones(BLOCK, BLOCK)))
-
-    def forward(self, x):
-        batch, seq, n_embd = x.shape
-        head_dim = n_embd // N_HEAD
-        q, k, v = self.qkv(x).split(n_embd, dim=2)
-        q, k, v = (t.view(batch, seq, N_HEAD, head_dim).transpose(1, 2) for t in (q, k, v))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
-        hidden = self.causal_mask[:seq, :seq] == 0
-        weights = scores.masked_fill(hidden, float("-inf")).softmax(-1)
-        y = (weights @ v).transpose(1, 2).contiguous().view(batch, seq, n_embd)
-        return self.proj(y)
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1, self.attn = nn.LayerNorm(N_EMBD), Attention()
-        self.ln2 = nn.LayerNorm(N_EMBD)
-        self.fc, self.proj = nn.Linear(N_EMBD, 4 * N_EMBD), nn.Linear(4 * N_EMBD, N_EMBD)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
-
-
-class Gpt(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok_emb, self.pos_emb = nn.Embedding(VOCAB, N_EMBD), nn.Embedding(BLOCK, N_EMBD)
-        self.blocks = nn.ModuleList(Block() for _ in range(N_LAYER))
-        self.ln_f, self.lm_head = nn.LayerNorm(N_EMBD), nn.Linear(N_EMBD, VOCAB, bias=False)
-
-    def forward(self, tokens):
-        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(tokens.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
 
 
 def sorting_task(seed, n):
