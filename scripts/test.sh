@@ -24,6 +24,9 @@
 #              (the MPI tests start mpirun jobs of 2 and 3 processes; the GPU
 #              tests of tests/nccl.rs run where a GPU is found, by /dev/nvidia0
 #              or nvidia-smi -L, and are otherwise skipped, each with its reason)
+#   figures    cargo run --example figures -- --check: every figure of the
+#              book (chapters/figures/) is what examples/figures.rs draws
+#              from the code now; it names each one that differs or is missing
 #   teeth      on the untouched stubs, every test of tests/chapter_NN.rs fails
 #              naming `exercise chNN:` in its own output, except the controls
 #              (tests in a `mod controls`, which never run the learner's code),

@@ -9,6 +9,7 @@
 
 pub mod book_includes; // `includes`: every {{#include}} of the book resolves
 pub mod cargo_json; // cargo's --message-format=json: test executables, errors
+pub mod figures_check; // `figures`: the book's figures are what examples/figures.rs draws
 pub mod files_check; // `files`: every repository path the text mentions exists
 pub mod gpu; // is there a GPU? then the GPU tests run, else they are skipped with their reason
 pub mod layering_check; // `layering`: the library never imports a chapter, and the layers go one way

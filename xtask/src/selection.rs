@@ -6,7 +6,8 @@
 
 use crate::report::Report;
 use crate::{
-    files_check, layering_check, stubs_check, teeth_check, test_checks, tool_checks, workbook, Context,
+    figures_check, files_check, layering_check, stubs_check, teeth_check, test_checks, tool_checks, workbook,
+    Context,
 };
 
 /// One check of the suite: its name (on the command line and in the
@@ -75,6 +76,12 @@ pub static CHECKS: &[Check] = &[
         what: "cargo test --features solutions,mpi,nccl: every test and doc test passes (counted per test; the GPU tests run when a GPU is present, else they are skipped with their reason)",
         needs_libtorch: true,
         run: test_checks::solutions,
+    },
+    Check {
+        name: "figures",
+        what: "cargo run --example figures -- --check: every figure in chapters/figures/ is what its code draws now",
+        needs_libtorch: true,
+        run: figures_check::figures,
     },
     Check {
         name: "teeth",

@@ -1,0 +1,129 @@
+//! examples/figures.rs: draws the book's figures, as SVG, into
+//! `chapters/figures/`, each from the code path it shows (the library's
+//! planner, sampler, process groups), never by hand. docs/figures.md lists
+//! them all.
+//!
+//! Run: cargo run --example figures                  (rewrite every figure)
+//!      cargo run --example figures -- --check       (compare, write nothing)
+//!      cargo run --example figures -- --check --dir /tmp/copy
+//!
+//! `--check` draws every figure in memory and fails naming each one that
+//! differs from the committed file or is missing, and each SVG in the folder
+//! that no figure draws; the suite's `figures` check runs it. Every figure
+//! draws in well under a second: a figure from a timed run draws from the
+//! data file its benchmark wrote and the repository commits, so drawing
+//! stays deterministic and the check stays cheap.
+//!
+//! Adding figures: a module under `examples/figures/` with
+//! `pub fn figures() -> Vec<Figure>`, and one line in `figure_modules!` below.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+// Shared by every figure module, none of which uses every shape.
+#[allow(dead_code)]
+#[path = "figures/svg.rs"]
+mod svg;
+
+/// One figure of the book: its file name under `chapters/figures/` and the
+/// function that draws it, from the code path it shows.
+pub struct Figure {
+    pub file: &'static str,
+    pub draw: fn() -> anyhow::Result<String>,
+}
+
+/// Declares each figure module (a file under examples/figures/) and lists
+/// them, so that a module is added with one line.
+macro_rules! figure_modules {
+    ($($module:ident => $path:literal,)*) => {
+        $(#[path = $path] mod $module;)*
+        /// Every figure of every module, in the order of the list.
+        fn all_figures() -> Vec<Figure> {
+            let mut all = Vec::new();
+            $(all.extend($module::figures());)*
+            all
+        }
+    };
+}
+
+figure_modules! {
+    ch04_no_sync => "figures/ch04_no_sync.rs",
+    ch05_buckets => "figures/ch05_buckets.rs",
+}
+
+/// What rewrites the figures, for the messages of `--check`.
+const REWRITE: &str = "cargo run --example figures";
+
+fn committed_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("chapters").join("figures")
+}
+
+/// Draws every figure; a figure that fails to draw is an error naming it.
+fn draw_all() -> anyhow::Result<Vec<(&'static str, String)>> {
+    all_figures()
+        .into_iter()
+        .map(|figure| Ok((figure.file, (figure.draw)().with_context(|| format!("drawing {}", figure.file))?)))
+        .collect()
+}
+
+/// Compares the drawn figures with the files in `dir`: one line per problem,
+/// `differs: PATH`, `missing: PATH` or `not drawn by any figure: PATH`.
+fn compare(drawn: &[(&'static str, String)], dir: &Path) -> anyhow::Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for (file, svg) in drawn {
+        let path = dir.join(file);
+        match std::fs::read_to_string(&path) {
+            Ok(committed) if committed == *svg => {}
+            Ok(_) => problems.push(format!("differs: {}", path.display())),
+            Err(_) => problems.push(format!("missing: {}", path.display())),
+        }
+    }
+    let listing = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let mut extra: Vec<String> = listing
+        .filter_map(|entry| entry.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|name| name.ends_with(".svg") && !drawn.iter().any(|(file, _)| file == name))
+        .collect();
+    extra.sort();
+    problems
+        .extend(extra.iter().map(|name| format!("not drawn by any figure: {}", dir.join(name).display())));
+    Ok(problems)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let check = args.iter().any(|arg| arg == "--check");
+    let dir = match args.iter().position(|arg| arg == "--dir") {
+        Some(i) => PathBuf::from(args.get(i + 1).context("--dir needs a folder")?),
+        None => committed_dir(),
+    };
+    if let Some(unknown) = args
+        .iter()
+        .enumerate()
+        .find(|&(i, arg)| arg != "--check" && arg != "--dir" && !(i > 0 && args[i - 1] == "--dir"))
+    {
+        anyhow::bail!("unknown argument `{}`; the arguments are --check and --dir FOLDER", unknown.1);
+    }
+    let drawn = draw_all()?;
+    if check {
+        let problems = compare(&drawn, &dir)?;
+        for problem in &problems {
+            println!("{problem}");
+        }
+        anyhow::ensure!(
+            problems.is_empty(),
+            "{} problems with {} figures, listed above: run `{REWRITE}` to rewrite them, look at them, and commit them",
+            problems.len(),
+            drawn.len()
+        );
+        println!("{} figures match {}", drawn.len(), dir.display());
+    } else {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (file, svg) in &drawn {
+            let path = dir.join(file);
+            std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
