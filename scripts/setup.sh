@@ -16,6 +16,7 @@
 #      `nccl` feature;
 #   7. installs Open MPI and libclang with apt-get (as root, or through
 #      sudo), for the `mpi` feature: ranks as processes started by mpirun;
+#      and Chromium, for the suite's `browser` check of the book;
 #   8. installs mdBook, the tool that builds the book in chapters/;
 #   9. renders the book to book/ (open book/index.html);
 #  10. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
@@ -260,13 +261,15 @@ step_notebooks() {
 }
 
 # Open MPI (mpirun, mpicc and the headers) and libclang, which the `mpi`
-# crate's build uses to read mpi.h. Debian and Ubuntu package names.
-MPI_PACKAGES=(openmpi-bin libopenmpi-dev libclang-dev)
+# crate's build uses to read mpi.h; and Chromium, in which the suite's
+# `browser` check opens the book (about 50 s more on a fresh machine).
+# Debian and Ubuntu package names.
+MPI_PACKAGES=(openmpi-bin libopenmpi-dev libclang-dev chromium)
 
 step_mpi() {
     if command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1 &&
-        compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null; then
-        done_already "$(mpirun --version 2>/dev/null | head -1), mpicc and libclang"
+        compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null && command -v chromium >/dev/null 2>&1; then
+        done_already "$(mpirun --version 2>/dev/null | head -1), mpicc, libclang and $(chromium --version 2>/dev/null)"
         return
     fi
     local sudo=()
@@ -299,7 +302,7 @@ TITLES=(
     "PyTorch $TORCH_VERSION (libtorch) in .venv"
     "tell cargo where libtorch is (.cargo/libtorch.toml)"
     "NCCL under the name cudarc loads (.nccl/libnccl.so)"
-    "Open MPI and libclang (the mpi feature)"
+    "Open MPI and libclang (the mpi feature), Chromium (the browser check)"
     "mdBook $MDBOOK_VERSION (builds the book)"
     "the book, rendered to book/"
     "notebooks: evcxr_jupyter, Jupyter and the Rust kernel"

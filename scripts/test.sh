@@ -9,6 +9,11 @@
 #   includes   every {{#include}} of the book resolves to a file, an anchor
 #              with its ANCHOR_END, and some lines (mdBook itself would
 #              silently empty the listing)
+#   browser    the book in headless Chromium: every page loads, every image
+#              renders, every link and #anchor resolves, no script error
+#              (scripts/check_book_in_browser.py, which first proves it
+#              catches the problems planted in scripts/testdata/browser_book/);
+#              saves the README's screenshots to docs/screenshots/
 #   files      every repository path the docs, scripts and code mention
 #              exists, and nothing points at files outside the repository
 #   layering   the imports of src/ and examples/ keep the layers of

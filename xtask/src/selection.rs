@@ -42,6 +42,12 @@ pub static CHECKS: &[Check] = &[
         run: tool_checks::includes,
     },
     Check {
+        name: "browser",
+        what: "the book in headless Chromium: every page loads, every image renders, every link and #anchor resolves, no script error (and the checker catches planted ones); saves the README's screenshots",
+        needs_libtorch: false,
+        run: tool_checks::browser,
+    },
+    Check {
         name: "files",
         what: "every repository path the docs and code mention exists; nothing points outside the repository",
         needs_libtorch: false,

@@ -1,7 +1,8 @@
 //! xtask/src/tool_checks.rs: the checks that run an outside tool and read its
 //! exit status or closing line: fmt, book (mdBook), notebooks, clippy; and,
 //! in `tool_checks/training.rs`, train and mpi (the training runs); in
-//! `tool_checks/multinode.rs`, multinode (jobs on nodes made on this machine).
+//! `tool_checks/multinode.rs`, multinode (jobs on nodes made on this machine);
+//! in `tool_checks/browser.rs`, browser (the book in headless Chromium).
 //! Run one: `cargo xtask test --only clippy`.
 
 use std::path::PathBuf;
@@ -13,8 +14,10 @@ use crate::report::{Outcome, Report};
 use crate::test_checks::CHAPTER_LIMIT;
 use crate::Context;
 
+mod browser;
 mod multinode;
 mod training;
+pub use browser::browser;
 pub use multinode::multinode;
 pub use training::{replicas_fingerprint, train, train_mpi};
 
