@@ -31,7 +31,7 @@ use common::{
     assert_matches_one_process, global_batches, mse, run, train_single_process, Hints, Named, Optim,
 };
 use common::{mlp_with_an_unused_parameter, TOLERANCE};
-use ddp_workbook::ch03_averaging::{train_step, SimpleDistributedDataParallelism};
+use ddp_workbook::ch03_averaging::{train_step, LocalBackward, SimpleDistributedDataParallelism};
 use ddp_workbook::check::snapshot;
 use ddp_workbook::data::Regression;
 use ddp_workbook::models::Mlp;

@@ -32,7 +32,9 @@ mod no_sync;
 mod training;
 
 use common::{assert_matches_one_process, mse, Hints};
-use ddp_workbook::ch05_bucketing::{learner, BucketCaps, ParamMeta, SimpleDistributedDataParallelism, MIB};
+use ddp_workbook::ch05_bucketing::{
+    learner, BucketCaps, LocalBackward, ParamMeta, SimpleDistributedDataParallelism, MIB,
+};
 use ddp_workbook::check::{max_reference_diff, max_replica_diff, snapshot};
 use ddp_workbook::dist::spawn;
 use ddp_workbook::models::named_parameters;

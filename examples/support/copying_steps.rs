@@ -1,12 +1,15 @@
 //! examples/support/copying_steps.rs: an overlapped sync's launch and finish
 //! that copy each gradient into its bucket and back, as chapter 6's exercise
 //! does, for bench_overlap.rs to set against the library's, which keep the
-//! gradients in their buckets. Written with the library's public types only:
-//! an example never imports a chapter (docs/architecture.md). Included by
+//! gradients in their buckets. It plugs into the library's driver through
+//! `ddp::seams`, the chapters' door, which the `layering` check lets this
+//! benchmark use (and no other example); it never imports a chapter
+//! (docs/architecture.md). Included by
 //! bench_overlap.rs with `#[path = "support/copying_steps.rs"] mod copying_steps;`.
 
+use ddp_workbook::ddp::seams::OverlapSteps;
 use ddp_workbook::ddp::Named;
-use ddp_workbook::ddp::{self, Bucket, OverlapSteps};
+use ddp_workbook::ddp::{self, Bucket};
 use ddp_workbook::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::{self, Tensor};
 

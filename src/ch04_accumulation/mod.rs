@@ -26,6 +26,7 @@ use tch::Tensor;
 use crate::ddp::{naive, SyncSwitch};
 use crate::dist::{DistError, Group};
 
+pub use crate::ddp::seams::LocalBackward;
 pub use crate::ddp::{
     check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError, InitError, NoSyncGuard,
     Replicated,

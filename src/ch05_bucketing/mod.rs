@@ -27,6 +27,7 @@ use tch::Tensor;
 use crate::ddp::SyncSwitch;
 use crate::dist::{DistError, Group};
 
+pub use crate::ddp::seams::LocalBackward;
 pub use crate::ddp::{
     Bucket, BucketCaps, BucketingError, GradientBuckets, NoSyncGuard, ParamMeta, Replicated,
     DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,

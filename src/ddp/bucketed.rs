@@ -6,10 +6,10 @@
 //! The bucketed gradient sync: a model's gradients travel in a few flat
 //! buffers, one all-reduce per bucket. Here a [`GradientBuckets`] is planned
 //! (its layout from `layout.rs`, checked to be the same on every rank) and
-//! synced by copying, bucket by bucket, with chapter 5's [`sync_bucket`];
-//! or in place ([`GradientBuckets::sync`], gradients kept in the buckets:
-//! the library's sync after backward). The buckets themselves are in
-//! `buckets.rs`.
+//! synced in place ([`GradientBuckets::sync`], gradients kept in the
+//! buckets: the library's sync after backward). Chapter 5's [`sync_bucket`],
+//! which copies, is here too; the chapter runs it on every bucket through
+//! `ddp::seams`. The buckets themselves are in `buckets.rs`.
 //!
 //! Tested by `cargo test --test chapter_05`.
 
@@ -55,23 +55,22 @@ pub enum BucketingError {
     Dist(DistError),
 }
 
-/// How a layout is planned: [`plan_buckets`], or a learner's (chapter 5).
+/// How a layout is planned: [`plan_buckets`], or chapter 5's through
+/// `ddp::seams` (which alone exports this name).
 pub type PlanBuckets = fn(&[ParamMeta], usize, usize) -> Vec<Bucket>;
-/// How one bucket is averaged: [`sync_bucket`], or a learner's (chapter 5).
-pub type SyncBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[Named]) -> Result<(), DistError>;
 
 // ANCHOR: gradient_buckets
 impl GradientBuckets {
     /// Plans the buckets of `params` with [`plan_buckets`].
     pub fn plan(pg: &dyn ProcessGroup, params: &[Named], caps: BucketCaps) -> Result<Self, BucketingError> {
-        Self::plan_with(pg, params, caps, plan_buckets)
+        Self::planned_by(pg, params, caps, plan_buckets)
     }
 
     /// Plans the buckets of `params` with `planner`, checks that the result
     /// is a layout of these parameters and that every rank planned the same
     /// one, and allocates the buffers. Every rank must call it, with the
     /// same caps.
-    pub fn plan_with(
+    pub(crate) fn planned_by(
         pg: &dyn ProcessGroup,
         params: &[Named],
         caps: BucketCaps,
@@ -101,26 +100,6 @@ impl GradientBuckets {
         check_same_layout(pg, caps, &layout)?;
         Ok(GradientBuckets::allocate(params, layout, caps))
     }
-
-    /// Averages every gradient over all ranks, one all-reduce per bucket, in
-    /// bucket order, with `sync`; then checks that no rank used a parameter
-    /// that this rank did not.
-    pub fn sync_with(
-        &self,
-        pg: &dyn ProcessGroup,
-        params: &[Named],
-        sync: SyncBucket,
-    ) -> Result<(), DistError> {
-        for (index, bucket) in self.layout().iter().enumerate() {
-            // A second handle on the same storage: the sync needs `&mut`, and
-            // `&self` is what lets backward run inside a no_sync scope.
-            let mut buffer = self.buffer(index);
-            // Named, so that ranks whose buckets pair up wrongly get an error.
-            tagged(format!("bucket {index}"), || sync(pg, bucket, &mut buffer, params))?;
-            self.check_missing_gradients(pg, index, params)?;
-        }
-        Ok(())
-    }
 }
 // ANCHOR_END: gradient_buckets
 
@@ -145,8 +124,9 @@ impl GradientBuckets {
     /// averaged slot of bucket `b` is not zero, another rank did compute a
     /// gradient for it: the others will update it and this rank will not,
     /// and the replicas drift apart silently. Turn that into an error that
-    /// names the parameter.
-    fn check_missing_gradients(
+    /// names the parameter. (Chapter 5's copying sync, in `ddp::seams`,
+    /// runs it too.)
+    pub(crate) fn check_missing_gradients(
         &self,
         pg: &dyn ProcessGroup,
         b: usize,
@@ -164,8 +144,7 @@ impl GradientBuckets {
                     "`{name}` has no gradient on rank {} (it took no part in this rank's loss), but \
                      the averaged bucket holds values up to {largest:e} for it: other ranks used it. \
                      Then they update it and this rank does not. Use every parameter in the loss on \
-                     every rank (or on none). If this rank is right, check that sync_bucket fills \
-                     the slot of a parameter without gradient with zeros.",
+                     every rank (or on none).",
                     pg.rank()
                 );
                 return Err(DistError::Invalid { rank: pg.rank(), op: "sync_gradients".into(), detail });

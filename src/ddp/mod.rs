@@ -15,11 +15,12 @@
 //! | the sampler: [`DistributedSampler`], [`epoch_shard`], [`shard_indices`] | `sampler.rs` | 7 |
 //! | what it is built from: [`SamplerOptions`], [`SamplerError`] | `sampler_options.rs` | 7 |
 //! | buckets that leave during backward: [`OverlappedBuckets`] | `overlap.rs` | 6 |
-//! | its pluggable steps: [`mark_ready`], [`OverlapSteps`] | `overlap_steps.rs` | 6 |
+//! | its readiness rule and record: [`mark_ready`], [`StepRecord`] | `overlap_steps.rs` | 6 |
 //! | buckets re-planned from the observed order: [`agree_on_order`] | `buckets.rs` | 6 |
 //! | the unused-parameter check at the end of backward | `unused.rs` | 6 |
 //! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 7 |
 //! | one optimizer step with accumulation: [`train_step`], for any [`StepOptimizer`] | `step.rs` | 7 |
+//! | the chapters' seams, never used by the library: [`seams`] | `seams.rs` | 2-6 |
 //!
 //! ```no_run
 //! use ddp_workbook::ddp::SimpleDistributedDataParallelism;
@@ -50,24 +51,23 @@ mod replicas;
 mod replicated;
 mod sampler;
 mod sampler_options;
+pub mod seams;
 mod step;
 mod unused;
 mod wrapper;
 
 pub use crate::models::Named;
 pub use batch::{check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError};
-pub use bucketed::{sync_bucket, BucketingError, PlanBuckets, SyncBucket};
+pub use bucketed::{sync_bucket, BucketingError};
 pub use buckets::{agree_on_order, FlatGroups, GradientBuckets};
 pub use layout::{
     check_plan, layout_fingerprint, plan_buckets, Bucket, BucketCaps, ParamMeta, DEFAULT_BUCKET_CAP_BYTES,
     DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
 };
-pub use no_sync::{BeginNoSync, NoSyncGuard, SyncSwitch};
+pub use no_sync::{NoSyncGuard, SyncSwitch};
 pub use overlap::OverlappedBuckets;
-pub use overlap_steps::{
-    mark_ready, BucketProgress, FinishBucket, Launch, LaunchBucket, MarkReady, OverlapSteps, StepRecord,
-};
-pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError, ReplicaCheck};
+pub use overlap_steps::{mark_ready, BucketProgress, Launch, StepRecord};
+pub use replicas::{check_same_structure, verify_replicas, InitError};
 pub use replicated::Replicated;
 pub use sampler::{epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler};
 pub use sampler_options::{SamplerError, SamplerOptions};

@@ -24,11 +24,6 @@ pub struct SyncSwitch {
     require_backward_grad_sync: Cell<bool>,
 }
 
-/// How a scope turns the switch off: it returns the state the switch had, for
-/// the guard to put back. The library's is `|switch| switch.replace(false)`;
-/// chapter 4's `begin_no_sync` is the learner's.
-pub type BeginNoSync = fn(&Cell<bool>) -> bool;
-
 impl SyncSwitch {
     /// A switch that starts on: every `backward` syncs.
     pub fn new() -> Self {
@@ -58,11 +53,13 @@ impl SyncSwitch {
     /// Opens a `no_sync` scope: the switch is off until the guard is dropped,
     /// then back to what it was (also on `?` and on panic, and when nested).
     pub fn no_sync(&self) -> NoSyncGuard<'_> {
-        self.no_sync_with(|switch| switch.replace(false))
+        self.guard_opened_by(|switch| switch.replace(false))
     }
 
-    /// [`no_sync`](Self::no_sync), turning the switch off with `begin`.
-    pub fn no_sync_with(&self, begin: BeginNoSync) -> NoSyncGuard<'_> {
+    /// [`no_sync`](Self::no_sync), turning the switch off with `begin`, which
+    /// returns the state the switch had, for the guard to put back
+    /// (chapter 4 passes its `begin_no_sync` through `ddp::seams`).
+    pub(crate) fn guard_opened_by(&self, begin: impl FnOnce(&Cell<bool>) -> bool) -> NoSyncGuard<'_> {
         let previous = begin(&self.require_backward_grad_sync);
         NoSyncGuard { switch: &self.require_backward_grad_sync, previous }
     }

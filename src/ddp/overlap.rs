@@ -4,8 +4,8 @@
 //! while backward goes on computing the earlier layers. After backward,
 //! [`OverlappedBuckets::finish`] waits for them all and divides. The library
 //! launches and finishes a bucket with [`GradientBuckets`]' own methods,
-//! which keep the gradients in the buckets; chapter 6 plugs in the
-//! learner's three steps instead ([`OverlapSteps`]).
+//! which keep the gradients in the buckets. (Chapter 6 runs its own three
+//! steps in this driver, through `ddp::seams`; the library never does.)
 //!
 //! After the first synced step the buckets are re-planned from the order in
 //! which the gradients became ready (`buckets.rs`).
@@ -19,12 +19,67 @@ use tch::Tensor;
 
 use super::buckets::{agree_on_order, FlatGroups, GradientBuckets};
 use super::layout::Bucket;
-use super::overlap_steps::{mark_ready, BucketProgress, Launch, OverlapSteps, StepRecord};
+use super::overlap_steps::{mark_ready, BucketProgress, Launch, StepRecord};
 
 use super::unused::{end_of_backward_check, EndOfBackward};
 use crate::autograd::GradReadyHooks;
-use crate::dist::{tagged, DistError, Group, Work};
+use crate::dist::{tagged, DistError, Group, ProcessGroup, Work};
 use crate::models::Named;
+
+/// The three steps of an overlapped sync, as the driver calls them. The
+/// library's are [`LibrarySteps`]; chapter 6's come through `ddp::seams`.
+pub(crate) trait BucketSteps: Send {
+    /// A hook said `param`'s gradient is final: the buckets that may leave now.
+    fn mark_ready(&self, progress: &mut BucketProgress, param: usize) -> Vec<usize>;
+    /// Starts bucket `b`'s all-reduce (SUM).
+    fn launch(
+        &self,
+        pg: &dyn ProcessGroup,
+        buckets: &GradientBuckets,
+        b: usize,
+        params: &[Named],
+    ) -> Result<Work, DistError>;
+    /// Waits for bucket `b` and leaves the average in its gradients.
+    fn finish(
+        &self,
+        pg: &dyn ProcessGroup,
+        buckets: &GradientBuckets,
+        b: usize,
+        work: Work,
+        params: &[Named],
+    ) -> Result<(), DistError>;
+}
+
+/// The library's steps: [`mark_ready`], and [`GradientBuckets`]' own launch
+/// and finish, which keep the gradients in their slots.
+struct LibrarySteps;
+
+impl BucketSteps for LibrarySteps {
+    fn mark_ready(&self, progress: &mut BucketProgress, param: usize) -> Vec<usize> {
+        mark_ready(progress, param)
+    }
+
+    fn launch(
+        &self,
+        pg: &dyn ProcessGroup,
+        buckets: &GradientBuckets,
+        b: usize,
+        params: &[Named],
+    ) -> Result<Work, DistError> {
+        buckets.launch_bucket(pg, b, params)
+    }
+
+    fn finish(
+        &self,
+        pg: &dyn ProcessGroup,
+        buckets: &GradientBuckets,
+        b: usize,
+        work: Work,
+        _: &[Named],
+    ) -> Result<(), DistError> {
+        buckets.finish_bucket(pg, b, work)
+    }
+}
 
 /// Where the sync stands, shared by the hooks (on the backward thread) and
 /// the caller: the buckets, which have left, and what the last step did.
@@ -32,8 +87,8 @@ struct SyncState {
     pg: Group,
     buckets: GradientBuckets,
     params: Vec<Named>,
-    /// The learner's steps (chapter 6), or `None`: the library's.
-    plugged: Option<OverlapSteps>,
+    /// How buckets are marked, launched and finished: [`LibrarySteps`].
+    steps: Box<dyn BucketSteps>,
     /// Which gradients are ready and which bucket leaves next (chapter 6).
     progress: BucketProgress,
     /// The launched buckets' handles, in launch order.
@@ -66,8 +121,7 @@ impl SyncState {
             self.record.ready_order.push(index);
         }
         self.interrupted = true;
-        let mark_ready = self.plugged.map_or(mark_ready as super::MarkReady, |steps| steps.mark_ready);
-        for b in mark_ready(&mut self.progress, index) {
+        for b in self.steps.mark_ready(&mut self.progress, index) {
             if let Err(error) = self.launch(b) {
                 self.error = Some(error);
                 break;
@@ -89,10 +143,7 @@ impl SyncState {
             return Err(DistError::Invalid { rank: self.pg.rank(), op: "launching a bucket".into(), detail });
         }
         let (pg, buckets, params) = (self.pg.as_ref(), &self.buckets, &self.params);
-        let work = tagged(format!("{}, bucket {b}", self.tag), || match &self.plugged {
-            None => buckets.launch_bucket(pg, b, params),
-            Some(steps) => (steps.launch_bucket)(pg, &buckets.layout()[b], &mut buckets.buffer(b), params),
-        })?;
+        let work = tagged(format!("{}, bucket {b}", self.tag), || self.steps.launch(pg, buckets, b, params))?;
         self.works.push((b, work));
         let gradients_ready = self.record.ready_order.len();
         self.record.launches.push(Launch { bucket: b, at: Instant::now(), gradients_ready });
@@ -110,31 +161,22 @@ impl OverlappedBuckets {
     /// Hooks every parameter of `params` (planned into `buckets`), with the
     /// library's steps.
     pub fn new(pg: Group, params: &[Named], buckets: GradientBuckets) -> Result<Self, DistError> {
-        Self::hooked(pg, params, buckets, None)
+        Self::hooked(pg, params, buckets, Box::new(LibrarySteps))
     }
 
-    /// [`new`](Self::new) with other steps (chapter 6: the learner's).
-    pub fn with_steps(
+    /// [`new`](Self::new), running `steps` (chapter 6's, through `ddp::seams`).
+    pub(crate) fn hooked(
         pg: Group,
         params: &[Named],
         buckets: GradientBuckets,
-        steps: OverlapSteps,
-    ) -> Result<Self, DistError> {
-        Self::hooked(pg, params, buckets, Some(steps))
-    }
-
-    fn hooked(
-        pg: Group,
-        params: &[Named],
-        buckets: GradientBuckets,
-        plugged: Option<OverlapSteps>,
+        steps: Box<dyn BucketSteps>,
     ) -> Result<Self, DistError> {
         let shared = Arc::new(Mutex::new(SyncState {
             pg: pg.clone(),
             progress: BucketProgress::new(buckets.layout(), params.len()),
             buckets,
             params: params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect(),
-            plugged,
+            steps,
             works: vec![],
             armed: false,
             tag: String::new(),
@@ -215,13 +257,7 @@ impl OverlappedBuckets {
         let pg = p.pg.clone();
         for (b, work) in works {
             // Every one is finished, even after an error: the peers wait for it.
-            let finished = match &p.plugged {
-                None => p.buckets.finish_bucket(pg.as_ref(), b, work),
-                Some(steps) => {
-                    let (bucket, mut buffer) = (&p.buckets.layout()[b], p.buckets.buffer(b));
-                    (steps.finish_bucket)(pg.as_ref(), bucket, &mut buffer, work, &p.params)
-                }
-            };
+            let finished = p.steps.finish(pg.as_ref(), &p.buckets, b, work, &p.params);
             result = result.and(finished);
         }
         let SyncState { progress, buckets, .. } = &mut *p;

@@ -3,25 +3,20 @@
 //! first; the book shows the parts of this file you need, and the answer at
 //! the end of the chapter.
 //!
-//! The three steps of an overlapped sync, as functions that
-//! [`OverlappedBuckets`](super::OverlappedBuckets) can call: `mark_ready`
-//! (a hook says a gradient is final: which buckets may leave now?),
-//! `launch_bucket` (start one bucket's all-reduce) and `finish_bucket`
-//! (after backward: wait for it and divide). Chapter 6 of the book has the
-//! learner write all three. The library's [`mark_ready`] is here; its
-//! launch and finish are methods of `GradientBuckets` (`buckets.rs`), which
-//! keep gradients in their buckets, so they copy nothing. Here too: what a
-//! synced backward leaves behind for tests and benchmarks ([`StepRecord`]).
+//! The three steps of an overlapped sync are `mark_ready` (a hook says a
+//! gradient is final: which buckets may leave now?), `launch_bucket` (start
+//! one bucket's all-reduce) and `finish_bucket` (after backward: wait for it
+//! and divide). Chapter 6 of the book has the learner write all three. The
+//! library's [`mark_ready`] is here; its launch and finish are methods of
+//! `GradientBuckets` (`buckets.rs`), which keep gradients in their buckets,
+//! so they copy nothing. Here too: what a synced backward leaves behind for
+//! tests and benchmarks ([`StepRecord`]).
 //!
 //! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
 
 use std::time::Instant;
 
-use tch::Tensor;
-
 use super::layout::Bucket;
-use crate::dist::{DistError, ProcessGroup, Work};
-use crate::models::Named;
 
 // ANCHOR: progress
 /// Where one backward pass stands: which gradients are ready, how many each
@@ -83,26 +78,6 @@ pub struct StepRecord {
     pub ready_order: Vec<usize>,
     /// When backward had returned and the sync's end began.
     pub backward_ended: Option<Instant>,
-}
-
-/// A hook said parameter `param`'s gradient is final. Returns the buckets to
-/// launch now, in order. See the chapter-6 exercise for the contract.
-pub type MarkReady = fn(&mut BucketProgress, usize) -> Vec<usize>;
-/// Starts one bucket's all-reduce (SUM) and returns its handle.
-pub type LaunchBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[Named]) -> Result<Work, DistError>;
-/// Waits for one launched bucket and leaves the average in the gradients.
-pub type FinishBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, Work, &[Named]) -> Result<(), DistError>;
-
-/// Three steps an [`OverlappedBuckets`](super::OverlappedBuckets) can run
-/// instead of the library's (chapter 6: the learner's). The library's own
-/// launch and finish are [`GradientBuckets`](super::GradientBuckets)'
-/// `launch_bucket` and `finish_bucket`, which keep the gradients in the
-/// buckets; its readiness rule is [`mark_ready`].
-#[derive(Clone, Copy)]
-pub struct OverlapSteps {
-    pub mark_ready: MarkReady,
-    pub launch_bucket: LaunchBucket,
-    pub finish_bucket: FinishBucket,
 }
 
 // ANCHOR: mark_ready

@@ -153,14 +153,14 @@ pub fn verify_replicas(pg: &dyn ProcessGroup, named: &[(String, Tensor)]) -> Res
 }
 // ANCHOR_END: verify_replicas
 
-/// How a wrapper compares the replicas' values: [`verify_replicas`], or a
-/// learner's own version of it (chapter 2).
+/// How a wrapper compares the replicas' values: [`verify_replicas`], or
+/// chapter 2's through `ddp::seams` (which alone exports this name).
 pub type ReplicaCheck = fn(&dyn ProcessGroup, &[Named]) -> Result<(), InitError>;
 
 /// The parameters (registration order) and buffers (by name) of `vs`, once
 /// [`check_same_structure`] and `check` have shown that every rank holds
 /// bitwise the same ones.
-pub fn verified_tensors(
+pub(crate) fn verified_tensors(
     vs: &nn::VarStore,
     pg: &dyn ProcessGroup,
     check: ReplicaCheck,

@@ -33,12 +33,12 @@ impl<M: Module> Replicated<M> {
     /// must call it (it runs collectives); on a mismatch every rank gets the
     /// same error.
     pub fn new(module: M, vs: &nn::VarStore, pg: Group) -> Result<Self, InitError> {
-        Self::with_replica_check(module, vs, pg, verify_replicas)
+        Self::checked_with(module, vs, pg, verify_replicas)
     }
 
-    /// [`new`](Self::new), comparing the values with `check` instead of the
-    /// library's [`verify_replicas`] (chapter 2 passes the learner's).
-    pub fn with_replica_check(
+    /// [`new`](Self::new), comparing the values with `check`: the library's
+    /// [`verify_replicas`], or chapter 2's through `ddp::seams`.
+    pub(crate) fn checked_with(
         module: M,
         vs: &nn::VarStore,
         pg: Group,
@@ -105,9 +105,12 @@ impl<M: Module> Replicated<M> {
     }
 
     /// Runs `loss.backward()`, which ADDS this loss's gradients to every
-    /// parameter's `.grad`. A loss that is not a scalar, or has no gradient,
-    /// becomes an error that names this rank instead of a panic in libtorch.
-    pub fn backward_local(&self, loss: &Tensor) -> Result<(), DistError> {
+    /// parameter's `.grad`, and syncs nothing. A loss that is not a scalar,
+    /// or has no gradient, becomes an error that names this rank instead of
+    /// a panic in libtorch. Crate-private: a wrapper's `backward` calls it
+    /// and then syncs; the chapters reach it as `backward_local` through
+    /// `ddp::seams::LocalBackward`.
+    pub(crate) fn local_backward(&self, loss: &Tensor) -> Result<(), DistError> {
         loss.f_backward().map_err(|source| DistError::Torch {
             rank: self.rank(),
             op: "loss.backward()".to_string(),

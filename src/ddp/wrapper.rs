@@ -93,10 +93,10 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     pub fn backward(&self, loss: &Tensor) -> Result<(), DistError> {
         self.backwards_since_sync.set(self.backwards_since_sync.get() + 1);
         if !self.switch.is_on() {
-            return self.backward_local(loss); // accumulate here, send nothing
+            return self.replicated.local_backward(loss); // accumulate here, send nothing
         }
         self.buckets.arm(self.sync_tag());
-        let backward = self.backward_local(loss);
+        let backward = self.replicated.local_backward(loss);
         let started = Instant::now(); // what is left to wait for is what did not overlap
                                       // Even when this rank's backward failed: its peers' buckets wait for
                                       // its own, and the end-of-backward check fails the step everywhere.

@@ -7,7 +7,7 @@
 //!
 //! Compiled into `cargo test --test chapter_02` (see `tests/chapter_02.rs`).
 
-use ddp_workbook::ch02_replicas::SimpleDistributedDataParallelism;
+use ddp_workbook::ch02_replicas::{LocalBackward, SimpleDistributedDataParallelism};
 use ddp_workbook::check::snapshot;
 use ddp_workbook::data::Regression;
 use ddp_workbook::models::Mlp;

@@ -8,7 +8,7 @@
 //! teeth` checks that it does, and that every test outside `mod controls`
 //! reaches your code.
 
-use ddp_workbook::ch03_averaging::SimpleDistributedDataParallelism;
+use ddp_workbook::ch03_averaging::{LocalBackward, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_to_reference, max_reference_diff, max_replica_diff, snapshot};
 use ddp_workbook::dist::{DistError, ProcessGroup, ReduceOp};
 use ddp_workbook::tch::Tensor;

@@ -10,7 +10,8 @@
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use ddp_workbook::ch04_accumulation::{
-    learner, micro_batch_size, split_micro_batches, AccumulationError, SimpleDistributedDataParallelism,
+    learner, micro_batch_size, split_micro_batches, AccumulationError, LocalBackward,
+    SimpleDistributedDataParallelism,
 };
 use ddp_workbook::check::{max_reference_diff, snapshot};
 use ddp_workbook::models::Mlp;

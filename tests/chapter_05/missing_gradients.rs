@@ -4,7 +4,7 @@
 //!
 //! Compiled into `cargo test --test chapter_05` (see `tests/chapter_05.rs`).
 
-use ddp_workbook::ch05_bucketing::{BucketCaps, SimpleDistributedDataParallelism};
+use ddp_workbook::ch05_bucketing::{BucketCaps, LocalBackward, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_to_reference, snapshot};
 use ddp_workbook::ddp::naive;
 use ddp_workbook::dist::{spawn_with, SpawnError};

@@ -7,7 +7,7 @@
 
 use ddp_workbook::ch03_averaging::{self as ch03};
 use ddp_workbook::ch04_accumulation::{self as ch04};
-use ddp_workbook::ch05_bucketing::{self as ch05, BucketCaps};
+use ddp_workbook::ch05_bucketing::{self as ch05, BucketCaps, LocalBackward};
 use ddp_workbook::ch07_sharding::{self as ch07, rows, DistributedSampler, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;

@@ -2,8 +2,10 @@
 //! import each other one way only (docs/architecture.md, "The layers"):
 //! the process groups know nothing of DDP, the DDP library and the training
 //! run never use a chapter, the bottom layer (models, data, comparisons,
-//! autograd) uses neither, and a chapter never uses another chapter. Run it:
-//! `cargo xtask test --only layering`. Unit tests: xtask/tests/layering_check.rs.
+//! autograd) uses neither, and a chapter never uses another chapter; and
+//! only the chapters and their tests use the workbook's seams
+//! (`ddp::seams`: `seams_check.rs`). Run it: `cargo xtask test --only
+//! layering`. Unit tests: xtask/tests/layering_check.rs.
 //!
 //! What a file "names" is every module of the crate that a path in it
 //! reaches: `crate::ddp::..`, `ddp_workbook::ch06_overlap::..`, a group such
@@ -81,15 +83,19 @@ pub struct LayeringOutcome {
     pub violations: Vec<String>,
 }
 
-/// Checks every `.rs` file under `root`'s `src/` and `examples/`.
+/// Checks every `.rs` file under `root`'s `src/` and `examples/`, and
+/// those of `tests/` for the seams only.
 pub fn check_layering(root: &Path) -> LayeringOutcome {
     let mut outcome = LayeringOutcome::default();
-    for top in ["src", "examples"] {
+    for top in ["src", "examples", "tests"] {
         for file in crate::stubs_check::rust_files_under(&root.join(top)) {
             let Ok(text) = std::fs::read_to_string(&file) else { continue };
             let relative = file.strip_prefix(root).unwrap_or(&file).to_string_lossy().replace('\\', "/");
             outcome.files_scanned += 1;
-            outcome.violations.extend(violations_in(&relative, &text));
+            if top != "tests" {
+                outcome.violations.extend(violations_in(&relative, &text));
+            }
+            outcome.violations.extend(crate::seams_check::seam_violations(&relative, &text));
         }
     }
     outcome
@@ -279,11 +285,13 @@ fn top_level_items(inside: &str) -> Vec<&str> {
 /// one verdict.
 pub fn layering(ctx: &crate::Context, report: &mut crate::report::Report) {
     use crate::report::Outcome;
-    report.section("layering: imports go one way (docs/architecture.md): no chapter in the library");
+    report.section(
+        "layering: imports go one way (docs/architecture.md): no chapter in the library, no seam outside the chapters",
+    );
     let outcome = check_layering(&ctx.root);
     outcome.violations.iter().for_each(|violation| println!("  {violation}"));
     if outcome.violations.is_empty() {
-        let detail = format!("{} files of src/ and examples/ keep the layers", outcome.files_scanned);
+        let detail = format!("{} files of src/, examples/ and tests/ keep the layers", outcome.files_scanned);
         report.check("layering", Outcome::Ok, &detail);
     } else {
         let detail = format!("{} imports against the layers (above)", outcome.violations.len());

@@ -17,6 +17,7 @@ pub mod libtest_json; // libtest's --format json events, counted per test
 pub mod process; // running a command with a log, an optional time limit
 pub mod report; // the OK/FAIL/SKIP lines and the closing summary line
 pub mod rust_source; // just enough Rust lexing to find `pub fn`s and their docs
+pub mod seams_check; // `layering`, part 2: only the chapters and their tests use `ddp::seams`
 pub mod selection; // the checks, and which of them `--only`/`--skip` run
 pub mod stubs_check; // `stubs`: exercises carry their solutions' docs
 pub mod teeth_check; // `teeth`: on the stubs, each chapter test reaches the exercise or is a control

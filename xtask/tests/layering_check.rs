@@ -125,3 +125,60 @@ fn module_paths_and_the_modules_a_line_names() {
         Vec::<String>::new()
     );
 }
+
+#[test]
+fn the_seams_are_fenced_off_outside_the_chapters() {
+    // The library, the training run, an example and a library test, each by path or by a door.
+    let planted_seams = [
+        ("src/ddp/wrapper.rs", "use super::seams::LocalBackward;\n", "ddp::seams"),
+        ("src/train/run.rs", "use crate::ddp::seams::LocalBackward;\n", "ddp::seams"),
+        (
+            "examples/train.rs",
+            "use ddp_workbook::ddp;\nfn f() { ddp.backward_local(&loss)?; }\n",
+            "`backward_local`",
+        ),
+        ("tests/overlap.rs", "use ddp_workbook::ddp::{seams::OverlapSteps, Bucket};\n", "ddp::seams"),
+        ("tests/ddp.rs", "let b = GradientBuckets::plan_with(pg, &params, caps, plan)?;\n", "`plan_with`"),
+    ];
+    for (path, text, named) in planted_seams {
+        let violations = planted("seams", path, text);
+        let line = text.lines().count();
+        assert_eq!(violations.len(), 1, "{path}: {violations:?}");
+        assert!(violations[0].starts_with(&format!("{path}:{line}: uses ")), "{violations:?}");
+        assert!(violations[0].contains(named), "{path} should name {named}: {violations:?}");
+    }
+}
+
+#[test]
+fn the_chapters_and_their_tests_may_use_the_seams_and_prose_may_name_them() {
+    let allowed = [
+        ("src/ch06_overlap/mod.rs", "pub use crate::ddp::seams::{LocalBackward, OverlapSteps};\n"),
+        ("tests/chapter_05/training.rs", "ddp.backward_local(&mse(&ddp.forward(&x), &y))?;\n"),
+        (
+            "tests/chapter_02.rs",
+            "let r = Replicated::with_replica_check(m, &vs, pg, learner::verify_replicas)?;\n",
+        ),
+        (
+            "src/ddp/replicated.rs",
+            "/// chapter 2's through `ddp::seams` (`with_replica_check`)\nfn sync_without_copy_back() {}\n",
+        ),
+    ];
+    for (path, text) in allowed {
+        assert_eq!(planted("seams-ok", path, text), Vec::<String>::new(), "{path}");
+    }
+}
+
+#[test]
+fn the_ring_figure_may_name_chapter_1_only_through_its_solution() {
+    let through_solution =
+        "use ddp_workbook::ch01_collectives::solution::{ring_all_gather, ring_reduce_scatter};\n";
+    assert!(violations_in("examples/figures/ch01_ring.rs", through_solution).is_empty());
+    let learner = "use ddp_workbook::ch01_collectives::learner;\n";
+    let found = violations_in("examples/figures/ch01_ring.rs", learner);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("other than as `ch01_collectives::solution`"), "{found:?}");
+    // The exception is for that file and that chapter only.
+    assert_eq!(violations_in("examples/figures/ch05_buckets.rs", through_solution).len(), 1);
+    let other_chapter = "use ddp_workbook::ch05_bucketing::solution;\n";
+    assert_eq!(violations_in("examples/figures/ch01_ring.rs", other_chapter).len(), 1);
+}

@@ -1,0 +1,208 @@
+//! src/ddp/seams.rs: the workbook's seams, where a chapter runs the
+//! learner's function inside library machinery. This module exists for the
+//! chapters (`src/chNN_*/`) and their tests only; the finished library, the
+//! training run and the examples never call it, and the runner's `layering`
+//! check fails any other file that names it (`cargo xtask test --only
+//! layering`). Everything here is a thin door into the library's own code:
+//! the library runs the same code with its own functions, through
+//! crate-private entry points, so nothing here is on the finished wrapper's
+//! path.
+//!
+//! | seam | the learner's function | chapter |
+//! | --- | --- | --- |
+//! | [`Replicated::with_replica_check`] | `verify_replicas` | 2 |
+//! | [`LocalBackward::backward_local`] | (a backward that syncs nothing, which every stage's `backward` builds on) | 2-6 |
+//! | [`SyncSwitch::no_sync_with`] | `begin_no_sync` | 4 |
+//! | [`GradientBuckets::plan_with`], [`GradientBuckets::sync_with`] | `plan_buckets`, `sync_bucket` | 5 |
+//! | [`OverlappedBuckets::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
+//!
+//! Tested by the chapters' tests (`cargo test --test chapter_02` ... `chapter_06`),
+//! and by the doc tests below (`cargo test --doc`).
+
+use std::cell::Cell;
+
+use tch::nn::{self, Module};
+use tch::Tensor;
+
+use super::bucketed::BucketingError;
+use super::layout::{Bucket, BucketCaps};
+use super::no_sync::{NoSyncGuard, SyncSwitch};
+use super::overlap::BucketSteps;
+use super::overlap_steps::BucketProgress;
+use super::replicas::InitError;
+use super::{GradientBuckets, OverlappedBuckets, Replicated};
+use crate::dist::{tagged, DistError, Group, ProcessGroup, Work};
+use crate::models::Named;
+
+pub use super::bucketed::PlanBuckets;
+pub use super::replicas::ReplicaCheck;
+
+/// `loss.backward()` and nothing else: this rank's gradients, added to
+/// every `.grad`, synced with no one. Every chapter stage builds its
+/// `backward` on it; the finished wrapper does not offer it, since a
+/// backward that silently skips the sync is what DDP exists to prevent.
+/// Without this trait in scope the finished wrapper has no such method:
+///
+/// ```compile_fail
+/// use ddp_workbook::ddp::SimpleDistributedDataParallelism;
+/// use ddp_workbook::models::Mlp;
+/// use ddp_workbook::tch::Tensor;
+///
+/// fn skip_the_sync(ddp: &SimpleDistributedDataParallelism<Mlp>, loss: &Tensor) {
+///     ddp.backward_local(loss).unwrap(); // error[E0599]: no method named `backward_local`
+/// }
+/// ```
+///
+/// and the same code with the seam imported compiles (what a chapter does):
+///
+/// ```
+/// use ddp_workbook::ddp::seams::LocalBackward;
+/// use ddp_workbook::ddp::SimpleDistributedDataParallelism;
+/// use ddp_workbook::models::Mlp;
+/// use ddp_workbook::tch::Tensor;
+///
+/// fn skip_the_sync(ddp: &SimpleDistributedDataParallelism<Mlp>, loss: &Tensor) {
+///     ddp.backward_local(loss).unwrap();
+/// }
+/// ```
+pub trait LocalBackward {
+    /// Runs `loss.backward()`, which ADDS this loss's gradients to every
+    /// parameter's `.grad`. A loss that is not a scalar, or has no
+    /// gradient, becomes an error that names this rank.
+    fn backward_local(&self, loss: &Tensor) -> Result<(), DistError>;
+}
+
+impl<M: Module> LocalBackward for Replicated<M> {
+    fn backward_local(&self, loss: &Tensor) -> Result<(), DistError> {
+        self.local_backward(loss)
+    }
+}
+
+impl<M: Module> Replicated<M> {
+    /// [`Replicated::new`], comparing the values with `check` instead of
+    /// the library's `verify_replicas` (chapter 2 passes the learner's).
+    pub fn with_replica_check(
+        module: M,
+        vs: &nn::VarStore,
+        pg: Group,
+        check: ReplicaCheck,
+    ) -> Result<Self, InitError> {
+        Self::checked_with(module, vs, pg, check)
+    }
+}
+
+/// How a scope turns the switch off: it returns the state the switch had,
+/// for the guard to put back (chapter 4's `begin_no_sync`).
+pub type BeginNoSync = fn(&Cell<bool>) -> bool;
+
+impl SyncSwitch {
+    /// [`SyncSwitch::no_sync`], turning the switch off with `begin`.
+    pub fn no_sync_with(&self, begin: BeginNoSync) -> NoSyncGuard<'_> {
+        self.guard_opened_by(begin)
+    }
+}
+
+/// How one bucket is averaged by copying (chapter 5's `sync_bucket`; the
+/// library's reference is `ddp::sync_bucket`).
+pub type SyncBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[Named]) -> Result<(), DistError>;
+
+impl GradientBuckets {
+    /// [`GradientBuckets::plan`] with `planner` instead of the library's
+    /// `plan_buckets`: the result is checked to be a layout of these
+    /// parameters, and the same on every rank. Every rank must call it,
+    /// with the same caps.
+    pub fn plan_with(
+        pg: &dyn ProcessGroup,
+        params: &[Named],
+        caps: BucketCaps,
+        planner: PlanBuckets,
+    ) -> Result<Self, BucketingError> {
+        Self::planned_by(pg, params, caps, planner)
+    }
+
+    // ANCHOR: sync_with
+    /// Averages every gradient over all ranks, one all-reduce per bucket, in
+    /// bucket order, with `sync`; then checks that no rank used a parameter
+    /// that this rank did not.
+    pub fn sync_with(
+        &self,
+        pg: &dyn ProcessGroup,
+        params: &[Named],
+        sync: SyncBucket,
+    ) -> Result<(), DistError> {
+        for (index, bucket) in self.layout().iter().enumerate() {
+            // A second handle on the same storage: the sync needs `&mut`, and
+            // `&self` is what lets backward run inside a no_sync scope.
+            let mut buffer = self.buffer(index);
+            // Named, so that ranks whose buckets pair up wrongly get an error.
+            tagged(format!("bucket {index}"), || sync(pg, bucket, &mut buffer, params))?;
+            self.check_missing_gradients(pg, index, params).map_err(|error| match error {
+                DistError::Invalid { rank, op, detail } => {
+                    let hint = "If this rank is right, check that sync_bucket fills the slot of a \
+                                parameter without gradient with zeros.";
+                    DistError::Invalid { rank, op, detail: format!("{detail} {hint}") }
+                }
+                other => other,
+            })?;
+        }
+        Ok(())
+    }
+    // ANCHOR_END: sync_with
+}
+
+/// A hook said parameter `param`'s gradient is final. Returns the buckets to
+/// launch now, in order. See the chapter-6 exercise for the contract.
+pub type MarkReady = fn(&mut BucketProgress, usize) -> Vec<usize>;
+/// Starts one bucket's all-reduce (SUM) and returns its handle.
+pub type LaunchBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[Named]) -> Result<Work, DistError>;
+/// Waits for one launched bucket and leaves the average in the gradients.
+pub type FinishBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, Work, &[Named]) -> Result<(), DistError>;
+
+/// Three steps an [`OverlappedBuckets`] runs instead of the library's
+/// (chapter 6: the learner's), each handed its bucket and a second handle
+/// on the bucket's buffer.
+#[derive(Clone, Copy)]
+pub struct OverlapSteps {
+    pub mark_ready: MarkReady,
+    pub launch_bucket: LaunchBucket,
+    pub finish_bucket: FinishBucket,
+}
+
+impl BucketSteps for OverlapSteps {
+    fn mark_ready(&self, progress: &mut BucketProgress, param: usize) -> Vec<usize> {
+        (self.mark_ready)(progress, param)
+    }
+
+    fn launch(
+        &self,
+        pg: &dyn ProcessGroup,
+        buckets: &GradientBuckets,
+        b: usize,
+        params: &[Named],
+    ) -> Result<Work, DistError> {
+        (self.launch_bucket)(pg, &buckets.layout()[b], &mut buckets.buffer(b), params)
+    }
+
+    fn finish(
+        &self,
+        pg: &dyn ProcessGroup,
+        buckets: &GradientBuckets,
+        b: usize,
+        work: Work,
+        params: &[Named],
+    ) -> Result<(), DistError> {
+        (self.finish_bucket)(pg, &buckets.layout()[b], &mut buckets.buffer(b), work, params)
+    }
+}
+
+impl OverlappedBuckets {
+    /// [`OverlappedBuckets::new`] with other steps (chapter 6: the learner's).
+    pub fn with_steps(
+        pg: Group,
+        params: &[Named],
+        buckets: GradientBuckets,
+        steps: OverlapSteps,
+    ) -> Result<Self, DistError> {
+        Self::hooked(pg, params, buckets, Box::new(steps))
+    }
+}
