@@ -1,7 +1,8 @@
 """scripts/torch/models.py: the workbook's models written in PyTorch, its
 "twins": the MLP of src/models/mlp.rs and the tiny GPT of src/models/gpt.rs,
 with exactly the workbook's parameter and buffer names, in the same
-registration order, and the same operations in the same order. So a model
+registration order (a Linear's bias before its weight, as tch makes them),
+and the same operations in the same order. So a model
 the workbook saved loads with `load_state_dict(..., strict=True)`, gives
 the same forward in float64, and DistributedDataParallel walks its
 parameters in the workbook's order.
@@ -28,6 +29,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+class Linear(nn.Linear):
+    """nn.Linear with its bias registered before its weight, as tch's
+    `nn::linear` creates them: DistributedDataParallel walks the parameters
+    in registration order, so its buckets then hold the workbook's order."""
+
+    def __init__(self, in_features, out_features, bias=True):
+        super().__init__(in_features, out_features, bias=bias)
+        self._parameters["weight"] = self._parameters.pop("weight")  # to the end: after the bias
+
+
 class Mlp(nn.Module):
     """src/models/mlp.rs: `layers.0` ... `layers.{n-2}` (Linear), tanh between
     them, and the buffer `input_shift` subtracted from the input."""
@@ -36,7 +47,7 @@ class Mlp(nn.Module):
         super().__init__()
         if len(sizes) < 2:
             raise ValueError(f"an MLP needs at least an input and an output size, got {sizes}")
-        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(Linear(i, o) for i, o in zip(sizes[:-1], sizes[1:]))
         self.register_buffer("input_shift", torch.zeros(sizes[0]))
 
     def forward(self, x):  # [batch, sizes[0]] -> [batch, sizes[-1]]
@@ -62,8 +73,8 @@ class GptConfig:
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.qkv = Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = Linear(cfg.n_embd, cfg.n_embd)
         self.n_head = cfg.n_head
 
     def forward(self, x, causal_mask):
@@ -83,8 +94,8 @@ class CausalSelfAttention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
-        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        self.fc = Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.proj = Linear(4 * cfg.n_embd, cfg.n_embd)
 
     def forward(self, x):
         return self.proj(F.gelu(self.fc(x)))  # exact GELU, tch's gelu("none")
@@ -121,7 +132,7 @@ class Gpt(nn.Module):
         self.register_buffer("causal_mask", torch.ones(cfg.block_size, cfg.block_size).tril())
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False)
 
     def forward(self, tokens):  # [batch, seq] i64 -> [batch, seq, vocab_size]
         seq = tokens.shape[1]

@@ -1,0 +1,178 @@
+"""scripts/torch/oracle.py: PyTorch's own DistributedDataParallel as the
+numerical oracle of the workbook. The workbook writes the stages to run
+(stages.json), each stage's initial weights and each rank's batches
+(safetensors); this script trains the PyTorch twins (models.py) on them
+with torch.nn.parallel.DistributedDataParallel, gloo, float64, one thread
+per process, and writes what it computed: the gradients after every
+synced backward, the parameters after every step, the twin's forward on
+the first batch before training, and the bucket layouts. tests/torch_oracle.rs
+compares them with the workbook's, step by step.
+
+Run by `cargo test --features solutions,mpi,nccl --test torch_oracle`; by hand:
+
+    GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone \
+        --nproc-per-node 2 scripts/torch/oracle.py DIR
+
+DIR holds stages.json and, per stage, STAGE/weights.safetensors and
+STAGE/batches_rank{r}.safetensors; it receives STAGE/torch_rank{r}.safetensors
+and STAGE/torch_layout_rank{r}.txt.
+"""
+
+import contextlib
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import Gpt, GptConfig, Linear, Mlp  # noqa: E402
+from safetensors_io import load_file, save_file  # noqa: E402
+
+
+class Branchy(nn.Module):
+    """The twin of tests/torch_oracle/branchy.rs: a trunk, a head, and a
+    branch that the forward skips when `use_branch` is off, so that some
+    ranks leave its parameters without a gradient in some steps."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        inputs, hidden, outputs = sizes
+        self.trunk = Linear(inputs, hidden)
+        self.branch = Linear(hidden, outputs)
+        self.head = Linear(hidden, outputs)
+        self.use_branch = True
+
+    def forward(self, x):
+        h = self.trunk(x).tanh()
+        out = self.head(h)
+        return out + self.branch(h) if self.use_branch else out
+
+
+def build(model):
+    """The twin named by a stage's `model` entry, in float64."""
+    if model["kind"] == "mlp":
+        return Mlp(model["sizes"]).double()
+    if model["kind"] == "branchy":
+        return Branchy(model["sizes"]).double()
+    if model["kind"] == "gpt":
+        return Gpt(GptConfig(**model["config"])).double()
+    raise ValueError(f"stages.json names an unknown model kind {model['kind']!r}")
+
+
+def loss_of(kind, output, target):
+    """The workbook's losses, with the same operations in the same order."""
+    if kind == "gpt":  # next-token cross entropy: log_softmax, then nll_loss
+        vocab = output.shape[-1]
+        return F.nll_loss(output.log_softmax(-1).reshape(-1, vocab), target.reshape(-1))
+    return F.mse_loss(output, target)
+
+
+def bucket_layout(ddp, names_by_ptr):
+    """The reducer's buckets now, in all-reduce order: bytes and member names.
+    (`_get_ddp_logging_data()["bucket_sizes"]` reports the construction layout
+    only, also after the rebuild, so it is written next to this.)"""
+    buckets = ddp.reducer._get_zeros_like_grad_buckets()
+    return [
+        {
+            "bytes": b.buffer().numel() * b.buffer().element_size(),
+            "names": [names_by_ptr[p.data_ptr()] for p in b.parameters()],
+        }
+        for b in buckets
+    ]
+
+
+def run_stage(stage, directory, rank):
+    folder = os.path.join(directory, stage["name"])
+    model = build(stage["model"])
+    model.load_state_dict(load_file(os.path.join(folder, "weights.safetensors")), strict=True)
+    batches = load_file(os.path.join(folder, f"batches_rank{rank}.safetensors"))
+    kind = stage["model"]["kind"]
+    out = {}
+    with torch.no_grad():  # the twin's forward, before DDP touches anything
+        out["forward"] = model(batches["step0.mb0.input"])
+
+    # PyTorch's first-bucket cap is a module attribute that DDP reads when
+    # it is built (and uses at the rebuild, with the default bucket_cap_mb).
+    default_first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES
+    if stage["first_bucket_bytes"] is not None:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = stage["first_bucket_bytes"]
+    ddp = DistributedDataParallel(model, **stage["ddp"])
+    dist._DEFAULT_FIRST_BUCKET_BYTES = default_first_bucket_bytes
+    names = [name for name, _ in model.named_parameters()]
+    names_by_ptr = {p.data_ptr(): name for name, p in model.named_parameters()}
+    layouts = {
+        "parameters": names,
+        "logged_at_construction": ddp._get_ddp_logging_data().get("bucket_sizes"),
+        "at_construction": bucket_layout(ddp, names_by_ptr),
+    }
+    micro_batches = stage["micro_batches"]
+    for step in range(stage["steps"]):
+        for p in model.parameters():  # in place, as tch's zero_grad does
+            if p.grad is not None:
+                p.grad.zero_()
+        for m in range(micro_batches):
+            key = f"step{step}.mb{m}"
+            if kind == "branchy":
+                model.use_branch = bool(batches[f"{key}.use_branch"].item())
+            last = m + 1 == micro_batches
+            # "all_but_last": forward and backward inside no_sync;
+            # "forward_only": the forward inside, the backward outside: PyTorch
+            # reads the flag at forward time, so that backward sends nothing.
+            inside = stage["no_sync"] != "none" and not last
+            with ddp.no_sync() if inside else contextlib.nullcontext():
+                loss = loss_of(kind, ddp(batches[f"{key}.input"]), batches[f"{key}.target"]) / float(micro_batches)
+                if stage["no_sync"] != "forward_only" or last:
+                    loss.backward()
+            if stage["no_sync"] == "forward_only" and not last:
+                loss.backward()
+            if stage["record_micro_batches"] or last:
+                for name, p in zip(names, model.parameters()):
+                    if p.grad is not None:
+                        out[f"{key}.grad.{name}"] = p.grad.clone()
+        with torch.no_grad():  # plain SGD, written out as the workbook's side does
+            lr = stage["lr"]
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.sub_(p.grad * lr)
+        for name, p in zip(names, model.parameters()):
+            out[f"step{step}.param.{name}"] = p.detach().clone()
+    layouts["after_training"] = bucket_layout(ddp, names_by_ptr)
+    save_file(out, os.path.join(folder, f"torch_rank{rank}.safetensors"))
+    write_layouts(layouts, os.path.join(folder, f"torch_layout_rank{rank}.txt"))
+
+
+def write_layouts(layouts, path):
+    """One line per bucket, `WHEN BYTES NAME,NAME,...`, the logged sizes as
+    `logged_at_construction SIZES`, and the parameters in DDP's order as
+    `parameters NAME,NAME,...`: plain text, which the Rust test reads
+    without a JSON library."""
+    with open(path, "w") as f:
+        f.write(f"parameters {','.join(layouts['parameters'])}\n")
+        f.write(f"logged_at_construction {layouts['logged_at_construction'].replace(' ', '')}\n")
+        for when in ("at_construction", "after_training"):
+            for bucket in layouts[when]:
+                f.write(f"{when} {bucket['bytes']} {','.join(bucket['names'])}\n")
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: torchrun --standalone --nproc-per-node N scripts/torch/oracle.py DIR")
+    directory = sys.argv[1]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    with open(os.path.join(directory, "stages.json")) as f:
+        stages = json.load(f)["stages"]
+    for stage in stages:
+        run_stage(stage, directory, rank)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+//! PyTorch's own DistributedDataParallel as the oracle: the workbook's DDP
+//! and PyTorch's, on the same model (the PyTorch twins of
+//! scripts/torch/models.py, with the workbook's names), the same initial
+//! weights (written by the workbook) and the same per-rank batches, in
+//! float64, compute the same gradients and parameters after every step: on
+//! 2 ranks bitwise, on 3 within a stated bound (tests/torch_oracle/compare.rs).
+//! PyTorch runs once per world size for every stage, under
+//! `.venv/bin/torchrun --standalone` with gloo on loopback
+//! (scripts/torch/oracle.py); each test is one stage, on 2 and 3 ranks.
+//!
+//! Run:   cargo test --features solutions,mpi,nccl --test torch_oracle -- --nocapture
+//!        (prints what each stage measured on 3 ranks)
+//! Needs: the project's .venv with torch (scripts/setup.sh).
+
+#[path = "torch_oracle/branchy.rs"]
+mod branchy;
+#[path = "torch_oracle/compare.rs"]
+mod compare;
+#[path = "torch_oracle/layouts.rs"]
+mod layouts;
+#[path = "torch_oracle/oracle_run.rs"]
+mod oracle_run;
+#[path = "torch_oracle/stages.rs"]
+mod stages;
+#[path = "torch_oracle/workbook.rs"]
+mod workbook;
+
+#[cfg(feature = "mpi")]
+#[allow(dead_code)]
+#[path = "mpi/harness.rs"]
+mod harness;
+
+use std::time::Duration;
+
+use ddp_workbook::check::{max_abs_diff, same_bits};
+use ddp_workbook::dist::{spawn_with, SpawnOptions};
+use ddp_workbook::tch::Tensor;
+
+use compare::{compare, Agreement, Measured};
+use oracle_run::torch_tensors;
+use stages::by_name;
+use workbook::{train, RankRun};
+
+/// The workbook's ranks of `stage` on the in-process backend.
+fn workbook_ranks(stage: &str, world_size: usize) -> Vec<RankRun> {
+    let stage = by_name(stage);
+    let options = SpawnOptions::new(world_size).timeout(Duration::from_secs(60));
+    spawn_with(options, |pg| train(&stage, pg))
+        .unwrap_or_else(|e| panic!("{}: a rank failed: {e}", stage.name))
+}
+
+/// Compares every rank's tensors with PyTorch's rank's, bitwise on 2 ranks
+/// and within the bound on 3, and prints what it measured.
+/// `compared` picks the tensors, by name.
+fn check_against_torch(
+    stage: &str,
+    world_size: usize,
+    runs: &[RankRun],
+    agreement: Agreement,
+    compared: fn(&str) -> bool,
+) -> Measured {
+    let mut measured = Measured::default();
+    for (rank, run) in runs.iter().enumerate() {
+        let what = format!("stage `{stage}` on {world_size} ranks, rank {rank}");
+        let pick = |tensors: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
+            tensors.iter().filter(|(n, _)| compared(n)).map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
+        };
+        let (ours, torch) = (pick(&run.tensors), pick(&torch_tensors(world_size, stage, rank)));
+        measured = measured.merge(compare(&what, &ours, &torch, agreement).unwrap_or_else(|e| panic!("{e}")));
+    }
+    println!(
+        "stage `{stage}` on {world_size} ranks, {agreement:?}: largest difference from PyTorch {:.3e} \
+         ({:.3e} of the tensor's largest value)",
+        measured.max_abs_diff, measured.max_relative
+    );
+    measured
+}
+
+/// A stage on 2 ranks (bitwise) and on 3 (within the bound).
+fn stage_agrees(stage: &str) {
+    for world_size in [2, 3] {
+        let runs = workbook_ranks(stage, world_size);
+        check_against_torch(stage, world_size, &runs, Agreement::on(world_size), |_| true);
+    }
+}
+
+#[test]
+fn the_twins_load_the_workbook_weights_and_give_its_forward_bitwise() {
+    // The oracle loads each stage's weights with load_state_dict(strict=True)
+    // (a missing or extra name fails it) and writes its forward on the first
+    // batch before DDP touches the model.
+    for stage in ["naive", "buckets_default", "find_unused"] {
+        let runs = workbook_ranks(stage, 2);
+        check_against_torch(stage, 2, &runs, Agreement::Bitwise, |name| name == "forward");
+    }
+}
+
+#[test]
+fn naive_sync_per_parameter_equals_pytorch_ddp() {
+    stage_agrees("naive");
+}
+
+#[test]
+fn wrapper_buckets_with_the_default_cap_equal_pytorch_ddp() {
+    stage_agrees("buckets_default");
+}
+
+#[test]
+fn wrapper_buckets_with_a_small_cap_equal_pytorch_ddp_with_a_small_bucket_cap_mb() {
+    assert_eq!(stages::SMALL_CAP_MB, 0.0625, "stages.rs passes bucket_cap_mb=0.0625 to PyTorch");
+    stage_agrees("buckets_small");
+}
+
+#[test]
+fn no_sync_accumulation_equals_pytorch_ddp() {
+    stage_agrees("no_sync");
+}
+
+#[test]
+fn find_unused_parameters_equals_pytorch_ddp_when_a_rank_skips_a_branch() {
+    stage_agrees("find_unused");
+}
+
+#[test]
+fn gradient_as_bucket_view_in_pytorch_gives_the_workbooks_numbers() {
+    stage_agrees("bucket_view");
+}
+
+/// PyTorch reads `no_sync` when the forward runs: a forward inside the
+/// scope and its backward after it sends nothing, and the rank keeps its
+/// own gradient until the next synced backward adds its own and averages
+/// the sum. The workbook reads the switch when `backward` runs, so it
+/// averages that backward at once and the next one again. The step's
+/// result is the same average, up to the rounding of two sums instead of
+/// one (so not bitwise, even on 2 ranks); the workbook syncs twice.
+#[test]
+fn forward_inside_no_sync_backward_outside_pytorch_defers_the_workbook_syncs_at_once() {
+    let stage = by_name("no_sync_forward_only");
+    for world_size in [2, 3] {
+        let runs = workbook_ranks(stage.name, world_size);
+        let torch: Vec<_> = (0..world_size).map(|r| torch_tensors(world_size, stage.name, r)).collect();
+        let after_first = |tensors: &[(String, Tensor)]| -> Vec<Tensor> {
+            tensors
+                .iter()
+                .filter(|(n, _)| n.starts_with("step0.mb0.grad."))
+                .map(|(_, t)| t.shallow_clone())
+                .collect()
+        };
+        // PyTorch: after the first backward, every rank holds its own gradient.
+        let (torch0, torch1) = (after_first(&torch[0]), after_first(&torch[1]));
+        assert!(
+            torch0.iter().zip(&torch1).any(|(a, b)| !same_bits(a, b)),
+            "PyTorch's ranks 0 and 1 hold the same gradient after a backward whose forward ran inside \
+             no_sync: then PyTorch synced it, which this test says it does not"
+        );
+        // The workbook: the average of what PyTorch's ranks kept.
+        for (i, grad) in after_first(&runs[0].tensors).iter().enumerate() {
+            let mean = torch.iter().map(|t| after_first(t)[i].shallow_clone()).reduce(|a, b| a + b).unwrap()
+                / world_size as f64;
+            let diff = max_abs_diff(grad, &mean);
+            assert!(diff <= 1e-14, "the workbook's gradient after that backward is not the mean of PyTorch's ranks' ({diff:e} apart)");
+        }
+        let steps = stage.steps as u64;
+        assert_eq!(runs[0].gradient_syncs, 2 * steps, "the workbook syncs both backward passes of each step");
+        // And the rest agrees, within the bound, on 2 ranks too.
+        check_against_torch(stage.name, world_size, &runs, Agreement::Close, |name| {
+            !name.contains(".mb0.grad.")
+        });
+    }
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn on_mpi_the_wrapper_equals_pytorch_ddp() {
+    let stage = by_name("buckets_small");
+    for world_size in [2, 3] {
+        let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("torch_oracle_mpi_{}_{world_size}", std::process::id()));
+        let out_text = out.to_string_lossy().to_string();
+        let job = harness::launch(
+            world_size,
+            "on_mpi_the_wrapper_equals_pytorch_ddp",
+            &[("TORCH_ORACLE_OUT", &out_text)],
+            |pg| {
+                let dir = std::path::PathBuf::from(std::env::var("TORCH_ORACLE_OUT")?);
+                let rank = pg.rank();
+                let run = train(&stage, pg)?;
+                std::fs::create_dir_all(&dir)?;
+                Tensor::write_safetensors(&run.tensors, dir.join(format!("rank{rank}.safetensors")))?;
+                Ok(())
+            },
+        );
+        let Some(job) = job else { return }; // a rank: its part is done
+        assert!(job.success, "the MPI job on {world_size} ranks failed:\n{}", job.output);
+        let runs: Vec<RankRun> = (0..world_size)
+            .map(|rank| {
+                let mut tensors = Tensor::read_safetensors(out.join(format!("rank{rank}.safetensors")))
+                    .expect("a rank's output");
+                tensors.sort_by(|a, b| a.0.cmp(&b.0));
+                RankRun {
+                    tensors,
+                    gradient_syncs: 0,
+                    layout_before: vec![],
+                    layout_after: vec![],
+                    names_after: vec![],
+                    parameters: vec![],
+                }
+            })
+            .collect();
+        _ = std::fs::remove_dir_all(&out);
+        check_against_torch(stage.name, world_size, &runs, Agreement::on(world_size), |_| true);
+    }
+}

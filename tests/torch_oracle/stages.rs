@@ -1,0 +1,319 @@
+//! tests/torch_oracle/stages.rs: what the cross-check runs: each stage's
+//! model, how the workbook syncs it, the matching DistributedDataParallel
+//! arguments, and the batches every rank trains on. Both sides build from
+//! here: the workbook's ranks directly, PyTorch from the files that
+//! [`write_inputs`] writes (stages.json, weights, batches).
+//! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
+
+use std::path::Path;
+
+use ddp_workbook::ddp::{BucketCaps, MIB};
+use ddp_workbook::models::{Gpt, GptConfig, Mlp};
+use ddp_workbook::tch::nn::{Module, VarStore};
+use ddp_workbook::tch::{Device, Kind, Tensor};
+use ddp_workbook::with_seed;
+
+use super::branchy::Branchy;
+
+/// A bucket cap small enough to split the tiny GPT into many buckets
+/// (its largest gradient, `mlp.fc.weight` in f64, is 128 KiB).
+pub const SMALL_CAP_BYTES: usize = 64 * 1024;
+
+#[derive(Clone, Debug)]
+pub enum ModelSpec {
+    Mlp(&'static [i64]),
+    Gpt,
+    /// `[inputs, hidden, outputs]` ([`Branchy`]).
+    Branchy(&'static [i64]),
+}
+
+/// How the workbook averages the gradients.
+#[derive(Clone, Copy, Debug)]
+pub enum WorkbookSync {
+    /// `ddp::naive::sync_gradients` after a plain backward: one all-reduce
+    /// per parameter.
+    Naive,
+    /// The finished `SimpleDistributedDataParallelism`, with these caps.
+    Wrapper { caps: BucketCaps, find_unused: bool },
+}
+
+/// Which micro-batches of a step run under `no_sync`, and how.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NoSync {
+    Never,
+    /// Forward and backward of every micro-batch but the last inside it.
+    AllButLast,
+    /// Every micro-batch but the last: the forward inside, the backward
+    /// after the scope closed.
+    ForwardOnly,
+}
+
+#[derive(Clone, Debug)]
+pub struct Stage {
+    pub name: &'static str,
+    pub model: ModelSpec,
+    pub sync: WorkbookSync,
+    /// DistributedDataParallel's keyword arguments, as JSON.
+    pub torch_ddp: &'static str,
+    /// `dist._DEFAULT_FIRST_BUCKET_BYTES` while PyTorch builds its DDP, if
+    /// not its 1 MiB.
+    pub torch_first_bucket_bytes: Option<usize>,
+    pub steps: usize,
+    pub micro_batches: usize,
+    pub no_sync: NoSync,
+    /// Write the gradients after every micro-batch, not only the last.
+    pub record_micro_batches: bool,
+    pub lr: f64,
+}
+
+const MLP: &[i64] = &[4, 16, 16, 1];
+const BRANCHY: &[i64] = &[4, 8, 1];
+const MLP_ROWS: i64 = 4; // per rank and micro-batch
+const GPT_ROWS: i64 = 2;
+const MODEL_SEED: i64 = 11;
+
+fn small_caps() -> BucketCaps {
+    // PyTorch's bucket_cap_mb caps every bucket, the first too.
+    BucketCaps { cap_bytes: SMALL_CAP_BYTES, first_cap_bytes: SMALL_CAP_BYTES }
+}
+
+/// 1000 bytes: PyTorch's bucket_cap_mb = 1000 / 2^20, exact in binary.
+pub const MLP_CAP_BYTES: usize = 1000;
+
+fn mlp_caps() -> BucketCaps {
+    BucketCaps { cap_bytes: MLP_CAP_BYTES, first_cap_bytes: MLP_CAP_BYTES }
+}
+
+fn stage(name: &'static str, model: ModelSpec, sync: WorkbookSync, torch_ddp: &'static str) -> Stage {
+    Stage {
+        name,
+        model,
+        sync,
+        torch_ddp,
+        torch_first_bucket_bytes: None,
+        steps: 3,
+        micro_batches: 1,
+        no_sync: NoSync::Never,
+        record_micro_batches: false,
+        lr: 0.1,
+    }
+}
+
+/// Every stage, in the order the oracle runs them.
+pub fn stages() -> Vec<Stage> {
+    let wrapper = WorkbookSync::Wrapper { caps: BucketCaps::default(), find_unused: false };
+    let small = WorkbookSync::Wrapper { caps: small_caps(), find_unused: false };
+    let unused = WorkbookSync::Wrapper { caps: BucketCaps::default(), find_unused: true };
+    let mlp_small = WorkbookSync::Wrapper { caps: mlp_caps(), find_unused: false };
+    vec![
+        stage("naive", ModelSpec::Mlp(MLP), WorkbookSync::Naive, "{}"),
+        stage("buckets_default", ModelSpec::Gpt, wrapper, "{}"),
+        stage("buckets_small", ModelSpec::Gpt, small, r#"{"bucket_cap_mb": 0.0625}"#),
+        Stage {
+            micro_batches: 2,
+            no_sync: NoSync::AllButLast,
+            ..stage("no_sync", ModelSpec::Mlp(MLP), wrapper, "{}")
+        },
+        Stage {
+            micro_batches: 2,
+            no_sync: NoSync::ForwardOnly,
+            record_micro_batches: true,
+            ..stage("no_sync_forward_only", ModelSpec::Mlp(MLP), wrapper, "{}")
+        },
+        Stage {
+            steps: 4,
+            ..stage("find_unused", ModelSpec::Branchy(BRANCHY), unused, r#"{"find_unused_parameters": true}"#)
+        },
+        // Layouts (layouts.rs): a cap that splits the MLP, with and without
+        // find_unused_parameters (then PyTorch never rebuilds its buckets).
+        stage("mlp_small_cap", ModelSpec::Mlp(MLP), mlp_small, r#"{"bucket_cap_mb": 0.00095367431640625}"#),
+        // A cap below every gradient's size: one bucket per parameter.
+        stage(
+            "mlp_tiny_cap",
+            ModelSpec::Mlp(MLP),
+            WorkbookSync::Wrapper {
+                caps: BucketCaps { cap_bytes: 8, first_cap_bytes: 8 },
+                find_unused: false,
+            },
+            r#"{"bucket_cap_mb": 7.62939453125e-06}"#,
+        ),
+        // The default cap, with PyTorch's first-bucket cap lowered to 1000 B.
+        Stage {
+            torch_first_bucket_bytes: Some(MLP_CAP_BYTES),
+            ..stage(
+                "mlp_first_cap",
+                ModelSpec::Mlp(MLP),
+                WorkbookSync::Wrapper {
+                    caps: BucketCaps { first_cap_bytes: MLP_CAP_BYTES, ..BucketCaps::default() },
+                    find_unused: false,
+                },
+                "{}",
+            )
+        },
+        stage(
+            "mlp_small_cap_unused",
+            ModelSpec::Mlp(MLP),
+            WorkbookSync::Wrapper { caps: mlp_caps(), find_unused: true },
+            r#"{"bucket_cap_mb": 0.00095367431640625, "find_unused_parameters": true}"#,
+        ),
+        stage(
+            "bucket_view",
+            ModelSpec::Gpt,
+            small,
+            r#"{"bucket_cap_mb": 0.0625, "gradient_as_bucket_view": true}"#,
+        ),
+    ]
+}
+
+pub fn by_name(name: &str) -> Stage {
+    stages().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no stage named {name}"))
+}
+
+/// Checked by the test that the PyTorch side reads 0.0625 MiB as 64 KiB.
+pub const SMALL_CAP_MB: f64 = SMALL_CAP_BYTES as f64 / MIB as f64;
+
+/// The model of a stage, on every rank alike.
+#[derive(Debug)]
+pub enum Twin {
+    Mlp(Mlp),
+    Gpt(Box<Gpt>),
+    Branchy(Branchy),
+}
+
+impl Module for Twin {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        match self {
+            Twin::Mlp(m) => m.forward(xs),
+            Twin::Gpt(m) => m.forward(xs),
+            Twin::Branchy(m) => m.forward(xs),
+        }
+    }
+}
+
+impl Twin {
+    /// Sets the branch of step `step` on `rank` (a no-op but for Branchy).
+    pub fn choose_branch(&self, use_branch: bool) {
+        if let Twin::Branchy(m) = self {
+            m.set_use_branch(use_branch);
+        }
+    }
+}
+
+/// The stage's model in f64, the same on every rank and every run.
+pub fn build(spec: &ModelSpec) -> (VarStore, Twin) {
+    match spec {
+        ModelSpec::Mlp(sizes) => {
+            let (vs, m) = Mlp::seeded(MODEL_SEED, sizes, Kind::Double);
+            (vs, Twin::Mlp(m))
+        }
+        ModelSpec::Gpt => {
+            let (vs, m) = Gpt::seeded(MODEL_SEED, &GptConfig::tiny(), Kind::Double);
+            (vs, Twin::Gpt(Box::new(m)))
+        }
+        ModelSpec::Branchy(sizes) => with_seed(MODEL_SEED, || {
+            let mut vs = VarStore::new(Device::Cpu);
+            let m = Branchy::new(&vs.root(), sizes);
+            vs.set_kind(Kind::Double);
+            (vs, Twin::Branchy(m))
+        }),
+    }
+}
+
+/// One micro-batch of one rank: input, target, and whether the forward
+/// takes the branch (Branchy only).
+pub struct MicroBatch {
+    pub input: Tensor,
+    pub target: Tensor,
+    pub use_branch: bool,
+}
+
+/// The Branchy schedule: in step 1 rank 1 skips the branch (the others use
+/// it: PyTorch averages what they computed), in step 2 every rank does.
+fn uses_branch(step: usize, rank: usize) -> bool {
+    !matches!((step, rank), (1, 1) | (2, _))
+}
+
+/// Rank `rank`'s micro-batch `m` of step `step`: seeded by its place, so
+/// that every world size draws its ranks' batches the same way.
+pub fn micro_batch(stage: &Stage, rank: usize, step: usize, m: usize) -> MicroBatch {
+    let seed = 1000 + (step * 100 + m * 10 + rank) as i64;
+    let (input, target) = with_seed(seed, || match stage.model {
+        ModelSpec::Mlp(sizes) | ModelSpec::Branchy(sizes) => {
+            let (inputs, outputs) = (sizes[0], *sizes.last().unwrap());
+            let options = (Kind::Double, Device::Cpu);
+            (Tensor::randn([MLP_ROWS, inputs], options), Tensor::randn([MLP_ROWS, outputs], options))
+        }
+        ModelSpec::Gpt => {
+            let cfg = GptConfig::tiny();
+            let shape = [GPT_ROWS, cfg.block_size];
+            let options = (Kind::Int64, Device::Cpu);
+            (Tensor::randint(cfg.vocab_size, shape, options), Tensor::randint(cfg.vocab_size, shape, options))
+        }
+    });
+    MicroBatch { input, target, use_branch: uses_branch(step, rank) }
+}
+
+/// The stage's loss, with the operations the oracle uses.
+pub fn loss(stage: &Stage, output: &Tensor, target: &Tensor) -> Tensor {
+    let loss = match stage.model {
+        ModelSpec::Gpt => {
+            let vocab = output.size()[2];
+            output.log_softmax(-1, Kind::Double).reshape([-1, vocab]).nll_loss(&target.reshape([-1]))
+        }
+        _ => output.mse_loss(target, ddp_workbook::tch::Reduction::Mean),
+    };
+    loss / stage.micro_batches as f64
+}
+
+fn json(stage: &Stage) -> String {
+    let model = match stage.model {
+        ModelSpec::Mlp(sizes) => format!(r#"{{"kind": "mlp", "sizes": {sizes:?}}}"#),
+        ModelSpec::Branchy(sizes) => format!(r#"{{"kind": "branchy", "sizes": {sizes:?}}}"#),
+        ModelSpec::Gpt => {
+            let c = GptConfig::tiny();
+            format!(
+                r#"{{"kind": "gpt", "config": {{"vocab_size": {}, "block_size": {}, "n_layer": {}, "n_head": {}, "n_embd": {}}}}}"#,
+                c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd
+            )
+        }
+    };
+    let no_sync = match stage.no_sync {
+        NoSync::Never => "none",
+        NoSync::AllButLast => "all_but_last",
+        NoSync::ForwardOnly => "forward_only",
+    };
+    let first_bucket_bytes = stage.torch_first_bucket_bytes.map_or("null".to_string(), |b| b.to_string());
+    format!(
+        r#"{{"name": "{}", "model": {model}, "ddp": {}, "first_bucket_bytes": {first_bucket_bytes}, "steps": {}, "micro_batches": {}, "no_sync": "{no_sync}", "record_micro_batches": {}, "lr": {:?}}}"#,
+        stage.name, stage.torch_ddp, stage.steps, stage.micro_batches, stage.record_micro_batches, stage.lr
+    )
+}
+
+/// Writes what the oracle reads for `world_size` ranks into `dir`.
+pub fn write_inputs(dir: &Path, world_size: usize) -> anyhow::Result<()> {
+    let stages = stages();
+    let listed: Vec<String> = stages.iter().map(json).collect();
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("stages.json"), format!("{{\"stages\": [\n{}\n]}}\n", listed.join(",\n")))?;
+    for stage in &stages {
+        let folder = dir.join(stage.name);
+        std::fs::create_dir_all(&folder)?;
+        let (vs, _) = build(&stage.model);
+        let weights: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        Tensor::write_safetensors(&weights, folder.join("weights.safetensors"))?;
+        for rank in 0..world_size {
+            let mut tensors = Vec::new();
+            for step in 0..stage.steps {
+                for m in 0..stage.micro_batches {
+                    let b = micro_batch(stage, rank, step, m);
+                    let key = format!("step{step}.mb{m}");
+                    tensors.push((format!("{key}.input"), b.input));
+                    tensors.push((format!("{key}.target"), b.target));
+                    tensors.push((format!("{key}.use_branch"), Tensor::from(b.use_branch as i64)));
+                }
+            }
+            Tensor::write_safetensors(&tensors, folder.join(format!("batches_rank{rank}.safetensors")))?;
+        }
+    }
+    Ok(())
+}

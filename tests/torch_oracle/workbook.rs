@@ -1,0 +1,150 @@
+//! tests/torch_oracle/workbook.rs: the workbook's side of the cross-check:
+//! one rank trains a stage (stages.rs) with the workbook's DDP, as the
+//! oracle trains it with PyTorch's, and returns what the oracle writes,
+//! under the same names: `forward`, `step{k}.mb{m}.grad.{name}`,
+//! `step{k}.param.{name}`. Runs on any backend: the in-process ranks of
+//! `spawn`, or MPI processes.
+//! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
+
+use ddp_workbook::ddp::{naive, Replicated, SimpleDistributedDataParallelism};
+use ddp_workbook::dist::Group;
+use ddp_workbook::models::named_parameters;
+use ddp_workbook::tch::nn::Module;
+use ddp_workbook::tch::Tensor;
+
+use super::stages::{build, loss, micro_batch, NoSync, Stage, WorkbookSync};
+
+/// What one rank computed, and how many gradient syncs it ran.
+pub struct RankRun {
+    pub tensors: Vec<(String, Tensor)>,
+    pub gradient_syncs: u64,
+    /// The wrapper's bucket sizes in bytes, in all-reduce order: at
+    /// construction and after training (empty for the naive sync).
+    pub layout_before: Vec<usize>,
+    pub layout_after: Vec<usize>,
+    /// Each bucket's members after training, and the parameters' names in
+    /// registration order.
+    pub names_after: Vec<Vec<String>>,
+    pub parameters: Vec<String>,
+}
+
+/// One rank of `stage` on `pg`.
+pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
+    // One libtorch thread, as each PyTorch process has: a reduction split
+    // over threads could add in another order.
+    ddp_workbook::tch::set_num_threads(1);
+    let rank = pg.rank();
+    let (vs, model) = build(&stage.model);
+    let params = named_parameters(&vs);
+    let mut out = Vec::new();
+    let first = micro_batch(stage, rank, 0, 0);
+    out.push(("forward".to_string(), ddp_workbook::tch::no_grad(|| model.forward(&first.input))));
+    match stage.sync {
+        WorkbookSync::Naive => {
+            let replicated = Replicated::new(model, &vs, pg.clone())?;
+            let mut syncs = 0;
+            for step in 0..stage.steps {
+                zero_grads(&params);
+                for m in 0..stage.micro_batches {
+                    let b = micro_batch(stage, rank, step, m);
+                    replicated.module().choose_branch(b.use_branch);
+                    loss(stage, &replicated.forward(&b.input), &b.target).f_backward()?;
+                }
+                naive::sync_gradients(pg.as_ref(), &params)?;
+                syncs += 1;
+                record(&params, step, stage.micro_batches - 1, &mut out);
+                sgd_step(&params, stage.lr, step, &mut out);
+            }
+            Ok(RankRun {
+                tensors: out,
+                gradient_syncs: syncs,
+                layout_before: vec![],
+                layout_after: vec![],
+                names_after: vec![],
+                parameters: names(&params),
+            })
+        }
+        WorkbookSync::Wrapper { caps, find_unused } => {
+            let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), caps)?
+                .find_unused_parameters(find_unused);
+            let layout_before = ddp.buckets().iter().map(|b| b.bytes()).collect();
+            for step in 0..stage.steps {
+                zero_grads(&params);
+                for m in 0..stage.micro_batches {
+                    let b = micro_batch(stage, rank, step, m);
+                    ddp.module().choose_branch(b.use_branch);
+                    let last = m + 1 == stage.micro_batches;
+                    match stage.no_sync {
+                        NoSync::AllButLast if !last => {
+                            let _no_sync = ddp.no_sync();
+                            ddp.backward(&loss(stage, &ddp.forward(&b.input), &b.target))?;
+                        }
+                        NoSync::ForwardOnly if !last => {
+                            let loss = {
+                                let _no_sync = ddp.no_sync();
+                                loss(stage, &ddp.forward(&b.input), &b.target)
+                            };
+                            ddp.backward(&loss)?; // the scope is closed: the workbook syncs here
+                        }
+                        _ => ddp.backward(&loss(stage, &ddp.forward(&b.input), &b.target))?,
+                    }
+                    if stage.record_micro_batches || last {
+                        record(&params, step, m, &mut out);
+                    }
+                }
+                sgd_step(&params, stage.lr, step, &mut out);
+            }
+            let layout_after = ddp.buckets().iter().map(|b| b.bytes()).collect();
+            Ok(RankRun {
+                tensors: out,
+                gradient_syncs: ddp.gradient_syncs(),
+                layout_before,
+                layout_after,
+                names_after: ddp.bucket_names(),
+                parameters: names(&params),
+            })
+        }
+    }
+}
+
+fn names(params: &[(String, Tensor)]) -> Vec<String> {
+    params.iter().map(|(name, _)| name.clone()).collect()
+}
+
+/// In place, as tch's `zero_grad` (and the oracle) do: a gradient that
+/// lives in a bucket stays there.
+fn zero_grads(params: &[(String, Tensor)]) {
+    for (_, p) in params {
+        let mut grad = p.grad();
+        if grad.defined() {
+            let _ = grad.zero_();
+        }
+    }
+}
+
+/// Copies of the gradients after micro-batch `m` of `step`.
+fn record(params: &[(String, Tensor)], step: usize, m: usize, out: &mut Vec<(String, Tensor)>) {
+    for (name, p) in params {
+        let grad = p.grad();
+        if grad.defined() {
+            out.push((format!("step{step}.mb{m}.grad.{name}"), grad.copy()));
+        }
+    }
+}
+
+/// Plain SGD, `p -= lr * grad`, written out as the oracle writes it, then
+/// copies of the parameters.
+fn sgd_step(params: &[(String, Tensor)], lr: f64, step: usize, out: &mut Vec<(String, Tensor)>) {
+    ddp_workbook::tch::no_grad(|| {
+        for (_, p) in params {
+            let grad = p.grad();
+            if grad.defined() {
+                let mut p = p.shallow_clone();
+                p -= &grad * lr;
+            }
+        }
+    });
+    for (name, p) in params {
+        out.push((format!("step{step}.param.{name}"), p.detach().copy()));
+    }
+}
