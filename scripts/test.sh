@@ -28,7 +28,11 @@
 #   solutions  cargo test --features solutions,mpi,nccl: every test and doc test
 #              (the MPI tests start mpirun jobs of 2 and 3 processes; the GPU
 #              tests of tests/nccl.rs run where a GPU is found, by /dev/nvidia0
-#              or nvidia-smi -L, and are otherwise skipped, each with its reason)
+#              or nvidia-smi -L, and are otherwise skipped, each with its reason;
+#              tests/torch_oracle.rs and tests/torch_oracle/ run PyTorch's own
+#              DistributedDataParallel, scripts/torch/oracle.py under
+#              .venv/bin/torchrun, as the numerical oracle of every DDP stage
+#              and compare the bucket layouts with PyTorch's)
 #   figures    cargo run --example figures -- --check: every figure of the
 #              book (chapters/figures/) is what examples/figures.rs draws
 #              from the code now; it names each one that differs or is missing
