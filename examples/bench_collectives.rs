@@ -8,6 +8,12 @@
 //! Run: cargo run --release --example bench_collectives
 //!      cargo run --release --example bench_collectives -- --rounds 50 --world-sizes 2
 //!
+//! Chapter 1's α–β figure (chapters/figures/ch01-alpha-beta.svg) is drawn
+//! from the points of this run, written with --data (its caption names the
+//! machine and its load):
+//!      cargo run --release --example bench_collectives -- --world-sizes 2,4 \
+//!          --sizes-mib 0.00390625,0.0625,0.4,4,25 --data chapters/figures/data/collectives.tsv
+//!
 //! Each round, every rank meets the others at a barrier, then times one
 //! all_reduce (SUM) of its own tensor; the round takes as long as its
 //! slowest rank. A sum of N tensors must read every byte N times and write
@@ -36,11 +42,15 @@ struct Args {
     /// World sizes to run, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4])]
     world_sizes: Vec<usize>,
+    /// Tensor sizes in MiB, comma-separated. The default: a small bucket, a
+    /// medium one, and PyTorch's default bucket cap.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.4, 4.0, 25.0])]
+    sizes_mib: Vec<f64>,
+    /// Also write every measured point to this file (tab-separated, with the
+    /// command, the machine and its load in `#` lines), for the figures.
+    #[arg(long)]
+    data: Option<std::path::PathBuf>,
 }
-
-/// The tensor sizes of the table, in MiB: a small bucket, a medium one, and
-/// PyTorch's default bucket cap.
-const SIZES_MIB: [f64; 3] = [0.4, 4.0, 25.0];
 
 fn elements(mib: f64) -> i64 {
     (mib * 1024.0 * 1024.0 / 4.0) as i64 // f32
@@ -89,6 +99,10 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
     anyhow::ensure!(args.world_sizes.iter().all(|&n| n > 0), "every world size must be at least 1");
+    anyhow::ensure!(
+        args.sizes_mib.iter().all(|&mib| elements(mib) > 0),
+        "every size must hold at least one f32: --sizes-mib 0.00390625 is 4 KiB"
+    );
     tch::set_num_threads(1); // the rank threads are the parallelism; libtorch's pool would oversubscribe
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let load_before = load_average();
@@ -98,7 +112,8 @@ fn main() -> anyhow::Result<()> {
     );
     println!("| size | ranks | all_reduce ms | algbw GB/s | memcpy ms | memcpy GB/s | all_reduce / memcpy bandwidth |");
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for mib in SIZES_MIB {
+    let mut points = String::from("bytes\tranks\tall_reduce_s\tmemcpy_s\n");
+    for &mib in &args.sizes_mib {
         let bytes = (elements(mib) * 4) as f64;
         let copy = memcpy_time(mib, &args);
         for &world_size in &args.world_sizes {
@@ -112,8 +127,28 @@ fn main() -> anyhow::Result<()> {
                 gbps(copy),
                 gbps(reduce) / gbps(copy)
             );
+            points.push_str(&format!(
+                "{bytes}\t{world_size}\t{:e}\t{:e}\n",
+                reduce.as_secs_f64(),
+                copy.as_secs_f64()
+            ));
         }
     }
-    println!("\nload average before: {load_before}, after: {}", load_average());
+    let load_after = load_average();
+    println!("\nload average before: {load_before}, after: {load_after}");
+    if let Some(path) = &args.data {
+        let command: Vec<String> = std::env::args().skip(1).collect();
+        let header = format!(
+            "# cargo run --release --example bench_collectives -- {}\n\
+             # machine: {cores} cores; load average before: {load_before}, after: {load_after}\n\
+             # {} warm-up + {} timed rounds, median of the slowest rank\n",
+            command.join(" "),
+            args.warmup,
+            args.rounds
+        );
+        std::fs::write(path, header + &points)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        println!("points written to {}", path.display());
+    }
     Ok(())
 }

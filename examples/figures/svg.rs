@@ -154,6 +154,31 @@ impl Svg {
         );
     }
 
+    /// A polyline through `points`, `width` px, dashed if asked.
+    pub fn polyline(&mut self, points: &[(f64, f64)], stroke: &str, width: f64, dashed: bool) {
+        points.iter().for_each(|p| self.reach(p.1));
+        let list: Vec<String> = points.iter().map(|(x, y)| format!("{},{}", num(*x), num(*y))).collect();
+        let dash = if dashed { r#" stroke-dasharray="6 4""# } else { "" };
+        let _ = writeln!(
+            self.body,
+            r#"<polyline points="{}" fill="none" stroke="{stroke}" stroke-width="{}"{dash}/>"#,
+            list.join(" "),
+            num(width)
+        );
+    }
+
+    /// A filled circle of radius `r`, outlined in ink.
+    pub fn dot(&mut self, x: f64, y: f64, r: f64, fill: &str) {
+        self.reach(y + r);
+        let _ = writeln!(
+            self.body,
+            r#"<circle cx="{}" cy="{}" r="{}" fill="{fill}" stroke="{INK}" stroke-width="1"/>"#,
+            num(x),
+            num(y),
+            num(r)
+        );
+    }
+
     /// Text at (`x`, `y`), `y` being its baseline, in `fill`, bold if asked.
     pub fn text_styled(
         &mut self,
@@ -189,7 +214,7 @@ impl Svg {
 
     /// The figure's title, bold, at the top left, wrapped to the width.
     pub fn title(&mut self, text: &str) {
-        let width = self.width - 32.0;
+        let width = self.width - 64.0; // bold runs wider than `text_width` guesses
         for (i, line) in wrap(text, width, TITLE).iter().enumerate() {
             self.text_styled(16.0, 26.0 + 21.0 * i as f64, TITLE, Anchor::Start, INK, true, line);
         }

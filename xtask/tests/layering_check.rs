@@ -167,3 +167,18 @@ fn the_chapters_and_their_tests_may_use_the_seams_and_prose_may_name_them() {
         assert_eq!(planted("seams-ok", path, text), Vec::<String>::new(), "{path}");
     }
 }
+
+#[test]
+fn the_ring_figure_may_name_chapter_1_only_through_its_solution() {
+    let through_solution =
+        "use ddp_workbook::ch01_collectives::solution::{ring_all_gather, ring_reduce_scatter};\n";
+    assert!(violations_in("examples/figures/ch01_ring.rs", through_solution).is_empty());
+    let learner = "use ddp_workbook::ch01_collectives::learner;\n";
+    let found = violations_in("examples/figures/ch01_ring.rs", learner);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("other than as `ch01_collectives::solution`"), "{found:?}");
+    // The exception is for that file and that chapter only.
+    assert_eq!(violations_in("examples/figures/ch05_buckets.rs", through_solution).len(), 1);
+    let other_chapter = "use ddp_workbook::ch05_bucketing::solution;\n";
+    assert_eq!(violations_in("examples/figures/ch01_ring.rs", other_chapter).len(), 1);
+}
