@@ -61,6 +61,20 @@ fn assert_unchanged(rank: usize, before: &[(String, Tensor)], after: &[(String, 
     }
 }
 
+/// Why an error other than `ReplicaMismatch` came back, when the cause is
+/// the usual one: a collective that found a peer gone means that some rank
+/// returned its verdict alone while the others went on comparing.
+fn why_not_a_mismatch(error: &InitError) -> &'static str {
+    match error {
+        InitError::Dist(_) => {
+            ". A collective failed instead: a rank returned its error while its peers went on \
+             comparing, and their next call found it gone. Every rank must learn what every other \
+             rank found before any of them decides (the chapter's \"Decide together\")"
+        }
+        InitError::ReplicaMismatch { .. } => "",
+    }
+}
+
 fn all_tensors(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
     let mut tensors = snapshot(&named_parameters(vs));
     tensors.extend(snapshot(&named_buffers(vs)));
@@ -128,7 +142,10 @@ fn a_different_seed_on_one_rank_fails_on_every_rank_promptly() {
             println!("rank 0's error:\n{message}");
         }
         let InitError::ReplicaMismatch { parameter, max_abs_diff: diff, differing_ranks } = error else {
-            panic!("rank {rank}: expected InitError::ReplicaMismatch, got: {message}");
+            panic!(
+                "rank {rank}: expected InitError::ReplicaMismatch, got: {message}{}",
+                why_not_a_mismatch(error)
+            );
         };
         assert_eq!(parameter, first, "rank {rank}: report the FIRST tensor that differs, in the order given");
         assert_eq!(differing_ranks, &[1], "rank {rank}: only rank 1 was built from another seed");
@@ -173,8 +190,11 @@ fn a_buffer_that_differs_on_one_rank_is_caught_and_named() {
             }
             other => panic!(
                 "rank {rank}: your verify_replicas gave {other:?} for the buffers, where rank 1's \
-                 `input_shift` differs by 0.5; the chapter expects ReplicaMismatch on `input_shift`, \
-                 because buffers take part in the forward pass just like parameters"
+                 `input_shift` differs by 0.5; the chapter expects ReplicaMismatch on `input_shift`{}",
+                match other {
+                    Some(error @ InitError::Dist(_)) => why_not_a_mismatch(error),
+                    _ => ", because buffers take part in the forward pass just like parameters",
+                }
             ),
         }
     }
