@@ -69,11 +69,17 @@ fn every_rank_gets_the_same_number_of_indices() {
         let expected = expected_count(len, n, drop_last);
         for rank in 0..n {
             let s = sampler(len, n, rank, shuffle, SEED, drop_last);
-            let got = shard(&s).len();
-            assert_eq!(
-                (shard_len(&s), got),
-                (expected, expected),
-                "{len} examples on {n} ranks (shuffle {shuffle}, drop_last {drop_last}), rank {rank}: \
+            let (counted, cut) = (shard_len(&s), shard(&s).len());
+            // Name the function that got it wrong: a right count with a short
+            // shard is epoch_shard's fault, not samples_per_rank's.
+            let culprit = if counted != expected {
+                format!("your samples_per_rank gave {counted}")
+            } else {
+                format!("your epoch_shard cut {cut} indices")
+            };
+            assert!(
+                counted == expected && cut == expected,
+                "{len} examples on {n} ranks (shuffle {shuffle}, drop_last {drop_last}), rank {rank}: {culprit}; \
                  samples_per_rank and the shard's length must both be {} = {expected}; unequal counts mean one rank \
                  makes fewer collectives than the others and the run deadlocks",
                 if drop_last { "floor(len / n)" } else { "ceil(len / n)" }
@@ -127,7 +133,7 @@ fn padding_repeats_the_start_and_rank_r_takes_every_nth_index_from_r() {
         assert_eq!(
             all_shards(len, n, false, drop_last, 0),
             expected,
-            "your shards (left) against the chapter's table (right), {len} examples on {n} ranks, drop_last \
+            "your epoch_shard's shards (left) against the chapter's table (right), {len} examples on {n} ranks, drop_last \
              {drop_last}, no shuffle: pad by repeating the start \
              (or cut the tail), then rank r takes positions r, r + n, r + 2n, ... (not a contiguous block)"
         );
@@ -142,8 +148,9 @@ fn padding_repeats_the_start_and_rank_r_takes_every_nth_index_from_r() {
             let expected: Vec<i64> = (0..shard.len()).map(|i| order[(i * n + rank) % order.len()]).collect();
             assert_eq!(
                 shard, &expected,
-                "your shard (left) against positions rank, rank + n, ... of the epoch's order (right): \
-                 {len} shuffled examples on {n} ranks, rank {rank}"
+                "your epoch_shard (left) against positions rank, rank + n, ... of the epoch's order (right): \
+                 {len} shuffled examples on {n} ranks, rank {rank}, epoch 2. The unshuffled table above \
+                 passed, so look at the order: the permutation drawn from seed + epoch, the same on every rank"
             );
         }
     }
@@ -182,7 +189,7 @@ fn without_set_epoch_every_epoch_repeats_the_same_order() {
         assert_eq!(
             shard(&s),
             first,
-            "your shard (left) against epoch 0's (right): without set_epoch the order must stay"
+            "your epoch_shard (left) against epoch 0's (right): without set_epoch the order must stay"
         );
     }
     let mut reshuffled = s.clone();
@@ -195,7 +202,7 @@ fn without_set_epoch_every_epoch_repeats_the_same_order() {
     assert_eq!(
         shard(&fixed),
         epoch0,
-        "your shard (left) against epoch 0's (right): shuffle = false visits 0..len every epoch"
+        "your epoch_shard (left) against epoch 0's (right): shuffle = false visits 0..len every epoch"
     );
 }
 
@@ -245,7 +252,7 @@ fn the_epoch_order_is_the_permutation_of_seed_plus_epoch_as_in_pytorch() {
         assert_eq!(
             shard(&s),
             expected,
-            "seed {seed}, epoch {epoch}: your order (left) against permutation(30, seed + epoch)"
+            "seed {seed}, epoch {epoch}: your epoch_shard's order (left) against permutation(30, seed + epoch)"
         );
     }
     let mut plain = sampler(7, 1, 0, false, SEED, false);
@@ -277,7 +284,11 @@ fn your_shards_are_the_ones_the_library_sampler_hands_out() {
             let mut s = sampler(len, n, rank, shuffle, SEED, drop_last);
             s.set_epoch(4);
             let case = format!("{len} examples, {n} ranks, rank {rank}, drop_last {drop_last}");
-            assert_eq!(shard(&s), s.indices(), "{case}: your shard (left) against the library's (right)");
+            assert_eq!(
+                shard(&s),
+                s.indices(),
+                "{case}: your epoch_shard (left) against the library's (right)"
+            );
             assert_eq!(shard_len(&s), s.len(), "{case}: your samples_per_rank (left) against the library's");
         }
     }

@@ -215,7 +215,7 @@ fn the_whole_loop_on_2_and_3_ranks_equals_one_process_on_the_global_batch() {
         compare_to_reference(&runs[0].after_each_step[last], &reference[last].params, TOLERANCE)
             .unwrap_or_else(|r| {
                 let hint =
-                    "each rank must train on its own shard: samples_per_rank and shard_indices must give \
+                    "each rank must train on its own shard: samples_per_rank and epoch_shard must give \
                         every rank an equal, strided part of the padded epoch order";
                 panic!("{world_size} ranks, after the last step: {}", r.hint(hint))
             });
