@@ -44,9 +44,10 @@ pub const HINT_REPLICAS: &str =
     "every rank must call sync_gradients, and sync_bucket must copy the averaged \
     buffer back into every gradient that exists";
 pub const HINT_MEAN: &str = "sync_bucket must all-reduce with SUM and divide by the world size exactly once";
-pub const HINT_BITWISE: &str = "the bucketed sync must give exactly the naive sync's gradients: check the \
-    offsets (each slot starts where the previous one ends, in `bucket.params` order), that every slot is \
-    copied back into its own parameter's gradient, and that you divide once";
+pub const HINT_BITWISE: &str = "your sync_bucket must give exactly the naive sync's gradients, bit for bit: \
+    check the offsets (each slot starts where the previous one ends, in `bucket.params` order), that every \
+    slot is copied back into its own parameter's gradient, and that you divide once, after the all-reduce, as \
+    the naive sync does (a division before it rounds differently in the last bit)";
 
 /// How the training loop synchronises the gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -245,11 +246,14 @@ pub fn assert_layout<T: PartialEq + std::fmt::Debug>(planned: &[T], expected: &[
     }
     let same_buckets = planned.len() == expected.len() && expected.iter().all(|b| planned.contains(b));
     if same_buckets {
+        // Only the case from `message`, not its "because": that explains a
+        // rule about which buckets form, which these buckets already keep.
+        let case = message.split(", because ").next().unwrap_or(message);
         panic!(
             "your plan_buckets planned the right buckets in the wrong order: {planned:?}, the chapter \
              expects {expected:?}, because buckets come out in the order backward starts filling them, by \
              their first member, the highest index first: every rank's k-th all-reduce must carry the same \
-             bucket, and the one backward completes first must be the first to leave. ({message})"
+             bucket, and the one backward completes first must be the first to leave. ({case})"
         );
     }
     panic!("{message}\n  planned:  {planned:?}\n  expected: {expected:?}");
