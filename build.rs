@@ -8,7 +8,8 @@
 //!    directly, so the linker would drop it, and then
 //!    `tch::Cuda::is_available()` is false even on a GPU.
 //! 2. Compile src/autograd/shim.cpp against libtorch's headers: autograd
-//!    hooks and `.grad` installation, which tch does not expose.
+//!    hooks and `.grad` installation, which tch does not expose; and
+//!    src/ddp/randperm.cpp: `torch.randperm` on a generator of its own.
 //! 3. With the `mpi` feature, compile src/dist/mpi/in_place.c with the MPI
 //!    compiler wrapper (`mpicc`, or the one MPICC names).
 //! 4. With the `nccl` feature, add the project's .nccl/ folder (where
@@ -18,7 +19,7 @@ use std::path::Path;
 
 fn main() {
     if let Some(lib) = link_libtorch() {
-        compile_autograd_shim(&lib);
+        compile_libtorch_shims(&lib);
     }
     if std::env::var_os("CARGO_FEATURE_MPI").is_some() {
         compile_mpi_shim();
@@ -42,24 +43,26 @@ fn link_libtorch() -> Option<String> {
     Some(lib)
 }
 
-/// The shim is compiled as torch-sys compiles its own C++: C++17, the C++
+/// The shims are compiled as torch-sys compiles its own C++: C++17, the C++
 /// ABI of the libtorch it links (read from that library, see
 /// `libtorch_cxx11_abi`), and glog's export macro.
-fn compile_autograd_shim(lib: &str) {
-    const SHIM: &str = "src/autograd/shim.cpp";
-    println!("cargo:rerun-if-changed={SHIM}");
+fn compile_libtorch_shims(lib: &str) {
+    const SHIMS: [&str; 2] = ["src/autograd/shim.cpp", "src/ddp/randperm.cpp"];
+    for shim in SHIMS {
+        println!("cargo:rerun-if-changed={shim}");
+    }
     let abi = libtorch_cxx11_abi(lib);
     let include = Path::new(lib).join("../include");
     cc::Build::new()
         .cpp(true)
-        .file(SHIM)
+        .files(SHIMS)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
-        .flag("-w") // libtorch's headers warn by the hundred; our 80 lines are checked by hand
-        .compile("ddp_autograd_shim");
+        .flag("-w") // libtorch's headers warn by the hundred; our lines are checked by hand
+        .compile("ddp_libtorch_shims");
 }
 
 /// 1 when the libtorch in `lib` was built with the C++11 ABI of libstdc++,

@@ -4,10 +4,15 @@
 //! this file you need, and the answer at the end of the chapter.
 //!
 //! The distributed sampler: every rank trains on its own, equal part of each
-//! epoch, with the semantics of PyTorch's `DistributedSampler`. Chapter 7 of
-//! the book builds [`samples_per_rank`] and [`shard_indices`].
+//! epoch, with the semantics of PyTorch's `DistributedSampler` and, shuffled,
+//! its very indices ([`permutation`] calls libtorch's `randperm` through
+//! `randperm.cpp`). Chapter 7 of the book builds [`samples_per_rank`] and
+//! [`shard_indices`].
 //!
-//! Tested by `cargo test --test chapter_07`.
+//! Tested by `cargo test --test chapter_07`, and against PyTorch by
+//! `cargo test --features solutions,mpi,nccl --test torch_sampler`.
+
+use std::ffi::{c_char, CStr};
 
 use tch::Tensor;
 
@@ -15,47 +20,30 @@ use super::sampler_options::{SamplerError, SamplerOptions};
 use crate::dist::ProcessGroup;
 
 // ANCHOR: permutation
-/// A small random generator that this crate owns: SplitMix64 (Steele, Lea and
-/// Flood, 2014). Its whole state is one `u64`, so the same seed gives the
-/// same numbers on every rank, every machine, every run and every libtorch
-/// version, and drawing from it touches nothing that other threads share.
-struct SplitMix64 {
-    state: u64,
+extern "C" {
+    // src/ddp/randperm.cpp: `torch.randperm(n, generator=g)` with `g` a fresh
+    // CPU generator seeded with `seed`; writes n numbers to `out`.
+    fn ddp_randperm(n: i64, seed: u64, out: *mut i64, error: *mut c_char, error_len: usize) -> i32;
 }
 
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..bound`, every value equally likely. `next_u64() % bound`
-    /// alone would favour small values a little; drawing again when the
-    /// number falls in the incomplete last block of `bound` values avoids it.
-    fn below(&mut self, bound: u64) -> u64 {
-        let complete_blocks_end = u64::MAX - u64::MAX % bound; // a multiple of bound
-        loop {
-            let x = self.next_u64();
-            if x < complete_blocks_end {
-                return x % bound;
-            }
-        }
-    }
-}
-
-/// The numbers `0..len` in a random order determined by `seed` alone: a
-/// Fisher-Yates shuffle driven by SplitMix64 (below). Every rank that calls it
-/// with the same `len` and `seed` gets the same order.
+/// The numbers `0..len` in the order PyTorch's `DistributedSampler` draws
+/// from `seed`: `g = torch.Generator(); g.manual_seed(seed);
+/// torch.randperm(len, generator=g)`, by the same libtorch code. The
+/// generator is made for this call alone, so every rank that calls it with
+/// the same `len` and `seed` gets the same order, and the global generator
+/// (`tch::manual_seed`, which draws initial weights and dropout) does not
+/// move. The same order on every machine and run of this libtorch version.
 pub fn permutation(len: usize, seed: u64) -> Vec<i64> {
-    let mut order: Vec<i64> = (0..len as i64).collect();
-    let mut rng = SplitMix64 { state: seed };
-    // Walk from the end; swap each position with a random one at or before it.
-    for i in (1..len).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        order.swap(i, j);
+    let mut order = vec![0i64; len];
+    let mut error = [0 as c_char; 512];
+    // SAFETY: `order` has room for `len` numbers; the shim writes at most
+    // that many, and a NUL-terminated message into `error` on failure.
+    let status =
+        unsafe { ddp_randperm(len as i64, seed, order.as_mut_ptr(), error.as_mut_ptr(), error.len()) };
+    if status != 0 {
+        // Only an allocation of `len` numbers can fail here.
+        let message = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();
+        panic!("libtorch's randperm({len}) failed: {message}");
     }
     order
 }
@@ -168,6 +156,7 @@ impl DistributedSampler {
         if self.shuffle {
             // seed + epoch, as PyTorch does: so seed s at epoch e + 1 shuffles
             // like seed s + 1 at epoch e. Use seeds far apart for unrelated runs.
+            // Past u64::MAX the sum wraps around; PyTorch refuses such a seed.
             permutation(self.dataset_len as usize, self.seed.wrapping_add(self.epoch))
         } else {
             (0..self.dataset_len).collect()
