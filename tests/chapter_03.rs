@@ -62,7 +62,8 @@ fn data() -> Regression {
 /// What to try when a run differs: from the other ranks, from one process.
 const HINTS: Hints = Hints {
     replicas: "every rank must call sync_gradients after backward and before optimizer.step, \
-               and all-reduce every gradient (not the weights) with the same operation",
+               and all-reduce every gradient (not the weights) with the same operation, in the \
+               tensor `param.grad()` returns: the optimizer never sees an all-reduced copy",
     reference: "the summed gradient must be divided by the world size exactly once \
                 (did you divide by the world size? divide twice? all-reduce the weights?)",
 };
