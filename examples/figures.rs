@@ -3,8 +3,9 @@
 //! planner, sampler, process groups), never by hand. docs/figures.md lists
 //! them all.
 //!
-//! Run: cargo run --example figures                  (rewrite every figure)
+//! Run: cargo run --example figures                  (rewrite the figures that changed)
 //!      cargo run --example figures -- --check       (compare, write nothing)
+//!      cargo run --example figures -- --only ch01,ch05   (only the figures named so)
 //!      cargo run --example figures -- --check --dir /tmp/copy
 //!
 //! `--check` draws every figure in memory and fails naming each one that
@@ -23,8 +24,7 @@ use anyhow::Context;
 
 #[path = "figures/chart.rs"]
 mod chart;
-// Shared by every figure module, none of which uses every shape.
-#[allow(dead_code)]
+#[allow(dead_code)] // shared by every figure module, none of which uses every shape
 #[path = "figures/svg.rs"]
 mod svg;
 
@@ -64,17 +64,22 @@ fn committed_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("chapters").join("figures")
 }
 
-/// Draws every figure; a figure that fails to draw is an error naming it.
-fn draw_all() -> anyhow::Result<Vec<(&'static str, String)>> {
+/// Draws the figures whose file name starts with one of `only` (all of
+/// them when it is empty); a figure that fails to draw is an error naming it.
+fn draw_all(only: &[String]) -> anyhow::Result<Vec<(&'static str, String)>> {
     all_figures()
         .into_iter()
+        .filter(|figure| {
+            only.is_empty() || only.iter().any(|prefix| figure.file.starts_with(prefix.as_str()))
+        })
         .map(|figure| Ok((figure.file, (figure.draw)().with_context(|| format!("drawing {}", figure.file))?)))
         .collect()
 }
 
 /// Compares the drawn figures with the files in `dir`: one line per problem,
-/// `differs: PATH`, `missing: PATH` or `not drawn by any figure: PATH`.
-fn compare(drawn: &[(&'static str, String)], dir: &Path) -> anyhow::Result<Vec<String>> {
+/// `differs: PATH`, `missing: PATH` or (when every figure was drawn,
+/// `all`) `not drawn by any figure: PATH`.
+fn compare(drawn: &[(&'static str, String)], dir: &Path, all: bool) -> anyhow::Result<Vec<String>> {
     let mut problems = Vec::new();
     for (file, svg) in drawn {
         let path = dir.join(file);
@@ -83,6 +88,9 @@ fn compare(drawn: &[(&'static str, String)], dir: &Path) -> anyhow::Result<Vec<S
             Ok(_) => problems.push(format!("differs: {}", path.display())),
             Err(_) => problems.push(format!("missing: {}", path.display())),
         }
+    }
+    if !all {
+        return Ok(problems);
     }
     let listing = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
     let mut extra: Vec<String> = listing
@@ -95,23 +103,38 @@ fn compare(drawn: &[(&'static str, String)], dir: &Path) -> anyhow::Result<Vec<S
     Ok(problems)
 }
 
-fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let check = args.iter().any(|arg| arg == "--check");
-    let dir = match args.iter().position(|arg| arg == "--dir") {
-        Some(i) => PathBuf::from(args.get(i + 1).context("--dir needs a folder")?),
-        None => committed_dir(),
-    };
-    if let Some(unknown) = args
-        .iter()
-        .enumerate()
-        .find(|&(i, arg)| arg != "--check" && arg != "--dir" && !(i > 0 && args[i - 1] == "--dir"))
-    {
-        anyhow::bail!("unknown argument `{}`; the arguments are --check and --dir FOLDER", unknown.1);
+/// The command line: `[--check] [--dir FOLDER] [--only PREFIX[,PREFIX...]]`.
+struct Args {
+    check: bool,
+    dir: PathBuf,
+    only: Vec<String>,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args { check: false, dir: committed_dir(), only: Vec::new() };
+    let mut words = std::env::args().skip(1);
+    while let Some(word) = words.next() {
+        match word.as_str() {
+            "--check" => args.check = true,
+            "--dir" => args.dir = PathBuf::from(words.next().context("--dir needs a folder")?),
+            "--only" => {
+                let list = words.next().context("--only needs file-name prefixes, e.g. --only ch01,ch05")?;
+                args.only.extend(list.split(',').map(str::to_string));
+            }
+            _ => anyhow::bail!(
+                "unknown argument `{word}`; the arguments are --check, --dir FOLDER and --only PREFIX[,PREFIX...]"
+            ),
+        }
     }
-    let drawn = draw_all()?;
-    if check {
-        let problems = compare(&drawn, &dir)?;
+    Ok(args)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let (drawn, dir) = (draw_all(&args.only)?, &args.dir);
+    anyhow::ensure!(!drawn.is_empty(), "no figure's file name starts with {:?}", args.only);
+    if args.check {
+        let problems = compare(&drawn, dir, args.only.is_empty())?;
         for problem in &problems {
             println!("{problem}");
         }
@@ -128,12 +151,16 @@ fn main() -> anyhow::Result<()> {
         }
         println!("{} figures match {}", drawn.len(), dir.display());
     } else {
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         for (file, svg) in &drawn {
             let path = dir.join(file);
+            if std::fs::read_to_string(&path).is_ok_and(|committed| committed == *svg) {
+                continue; // unchanged: leave the file alone
+            }
             std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
             println!("wrote {}", path.display());
         }
+        println!("{} figures in {}", drawn.len(), dir.display());
     }
     Ok(())
 }

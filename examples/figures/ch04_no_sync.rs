@@ -22,17 +22,18 @@ const MICRO_BATCHES: usize = 4;
 const SIZES: [i64; 4] = [4, 16, 16, 1];
 
 /// Rank 0's all-reduces during each backward of one step, with the first
-/// `MICRO_BATCHES - 1` backwards inside `no_sync` or not. Small caps, so
-/// that the MLP's gradients make more than one bucket.
-fn all_reduces_per_backward(use_no_sync: bool) -> anyhow::Result<Vec<u64>> {
+/// `MICRO_BATCHES - 1` backwards inside `no_sync` or not, and the number of
+/// buckets. Small caps, so that the MLP's gradients make more than one bucket.
+fn all_reduces_per_backward(use_no_sync: bool) -> anyhow::Result<(Vec<u64>, usize)> {
     let caps = BucketCaps { cap_bytes: 1024, first_cap_bytes: 128 };
     let per_rank = spawn(2, |pg| {
         let (vs, mlp) = Mlp::seeded(0, &SIZES, Kind::Double);
         let ddp = SimpleDistributedDataParallelism::with_bucket_caps(mlp, &vs, pg.clone(), caps)?;
-        let data = Regression::new(pg.rank() as i64, 8 * MICRO_BATCHES as i64, 4, 1, Kind::Double);
+        let data = Regression::new(7, 16 * MICRO_BATCHES as i64, 4, 1, Kind::Double); // one task
+        let shard = 8 * MICRO_BATCHES as i64 * pg.rank() as i64; // this rank's rows start here
         let mut counts = Vec::new();
         for micro in 0..MICRO_BATCHES {
-            let (x, y) = data.batch(8 * micro as i64, 8);
+            let (x, y) = data.batch(shard + 8 * micro as i64, 8);
             let loss = (ddp.forward(&x) - y).square().mean(Kind::Double) / MICRO_BATCHES as f64;
             let before = pg.stats().all_reduce;
             if use_no_sync && micro + 1 < MICRO_BATCHES {
@@ -43,9 +44,9 @@ fn all_reduces_per_backward(use_no_sync: bool) -> anyhow::Result<Vec<u64>> {
             }
             counts.push(pg.stats().all_reduce - before);
         }
-        Ok(counts)
+        Ok((counts, ddp.buckets().len()))
     })?;
-    Ok(per_rank.into_iter().next().unwrap_or_default())
+    per_rank.into_iter().next().ok_or_else(|| anyhow::anyhow!("no rank"))
 }
 
 /// A box with a label in it.
@@ -59,7 +60,7 @@ fn labelled_box(svg: &mut Svg, x: f64, y: f64, w: f64, colour: usize, label: &st
 fn draw_lane(svg: &mut Svg, y: f64, heading: &str, counts: &[u64]) -> f64 {
     svg.text_styled(16.0, y + 14.0, TEXT, Anchor::Start, INK, true, heading);
     let y = y + 24.0;
-    let (fwd, bwd, sync, step) = (40.0, 44.0, 64.0, 44.0);
+    let (fwd, bwd, sync, step) = (40.0, 44.0, 56.0, 44.0);
     let mut x = 16.0;
     for (micro, &count) in counts.iter().enumerate() {
         svg.text_styled(x, y + 44.0, SMALL, Anchor::Start, MUTED, false, &format!("micro {micro}"));
@@ -67,7 +68,7 @@ fn draw_lane(svg: &mut Svg, y: f64, heading: &str, counts: &[u64]) -> f64 {
         labelled_box(svg, x + fwd, y, bwd, 0, "bwd");
         x += fwd + bwd;
         if count > 0 {
-            labelled_box(svg, x, y, sync, 1, &format!("{count} × AR"));
+            labelled_box(svg, x, y, sync, 1, &format!("{count} AR"));
             x += sync;
         }
         x += 8.0; // a gap between micro-batches
@@ -79,8 +80,9 @@ fn draw_lane(svg: &mut Svg, y: f64, heading: &str, counts: &[u64]) -> f64 {
 }
 
 fn no_sync_timeline() -> anyhow::Result<String> {
-    let every = all_reduces_per_backward(false)?;
-    let last_only = all_reduces_per_backward(true)?;
+    let (every, buckets) = all_reduces_per_backward(false)?;
+    let (last_only, _) = all_reduces_per_backward(true)?;
+    let per_sync = every.iter().copied().max().unwrap_or(0);
     let mut svg = Svg::new(760.0);
     svg.title("One optimizer step of 4 micro-batches: which backward syncs");
     let y = svg.bottom() + 20.0;
@@ -90,9 +92,14 @@ fn no_sync_timeline() -> anyhow::Result<String> {
         728.0,
         SMALL,
         MUTED,
-        "Counted on rank 0 of a real run on 2 ranks (the MLP in buckets of at most 1 KiB): the all-reduces \
-         (AR, one per bucket) each backward sent. Inside no_sync, backward only adds into .grad; the last backward averages the \
-         sums of all four. Widths are schematic, not measured.",
+        &format!(
+            "Counted on rank 0 of a real run on 2 ranks: the all-reduces (AR) each backward sent. A backward \
+             that syncs sends {per_sync}: one per bucket ({buckets}: the MLP with caps of 1 KiB and 128 B) and \
+             {} for the end-of-backward check that every rank's backward worked and used the same parameters. \
+             Inside no_sync, backward only adds into .grad; the last backward averages the sums of all four. \
+             Widths are schematic, not measured.",
+            per_sync as usize - buckets
+        ),
     );
     let y = svg.bottom() + 14.0;
     let y = draw_lane(&mut svg, y, "Without no_sync: every backward averages its gradients", &every);
