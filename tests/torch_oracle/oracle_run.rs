@@ -5,6 +5,7 @@
 //! needs a world size starts it.
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ddp_workbook::tch::Tensor;
 
-use super::stages::write_inputs;
+use super::inputs::write_inputs;
 
 /// A torchrun job that runs longer than this has hung.
 const LIMIT: Duration = Duration::from_secs(300);
@@ -72,6 +73,7 @@ fn run_oracle(world_size: usize) -> Result<PathBuf, String> {
         .env("GLOO_SOCKET_IFNAME", "lo")
         .env("OMP_NUM_THREADS", "1")
         .env("PYTHONWARNINGS", "ignore")
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().map_err(|e| e.to_string())?)
         .stderr(log_file)
@@ -82,7 +84,12 @@ fn run_oracle(world_size: usize) -> Result<PathBuf, String> {
             break status;
         }
         if started.elapsed() > LIMIT {
-            _ = child.kill();
+            // torchrun and its workers are one process group: end them all,
+            // politely first (torchrun passes SIGTERM on), then for sure.
+            let group = format!("-{}", child.id());
+            _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+            std::thread::sleep(Duration::from_secs(5));
+            _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             _ = child.wait();
             return Err(format!("torchrun ran past {LIMIT:?} (a hang); its output:\n{}", read_log(&log)));
         }

@@ -2,10 +2,8 @@
 //! model, how the workbook syncs it, the matching DistributedDataParallel
 //! arguments, and the batches every rank trains on. Both sides build from
 //! here: the workbook's ranks directly, PyTorch from the files that
-//! [`write_inputs`] writes (stages.json, weights, batches).
+//! inputs.rs writes (stages.json, weights, batches).
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
-
-use std::path::Path;
 
 use ddp_workbook::ddp::{BucketCaps, MIB};
 use ddp_workbook::models::{Gpt, GptConfig, Mlp};
@@ -263,57 +261,4 @@ pub fn loss(stage: &Stage, output: &Tensor, target: &Tensor) -> Tensor {
         _ => output.mse_loss(target, ddp_workbook::tch::Reduction::Mean),
     };
     loss / stage.micro_batches as f64
-}
-
-fn json(stage: &Stage) -> String {
-    let model = match stage.model {
-        ModelSpec::Mlp(sizes) => format!(r#"{{"kind": "mlp", "sizes": {sizes:?}}}"#),
-        ModelSpec::Branchy(sizes) => format!(r#"{{"kind": "branchy", "sizes": {sizes:?}}}"#),
-        ModelSpec::Gpt => {
-            let c = GptConfig::tiny();
-            format!(
-                r#"{{"kind": "gpt", "config": {{"vocab_size": {}, "block_size": {}, "n_layer": {}, "n_head": {}, "n_embd": {}}}}}"#,
-                c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd
-            )
-        }
-    };
-    let no_sync = match stage.no_sync {
-        NoSync::Never => "none",
-        NoSync::AllButLast => "all_but_last",
-        NoSync::ForwardOnly => "forward_only",
-    };
-    let first_bucket_bytes = stage.torch_first_bucket_bytes.map_or("null".to_string(), |b| b.to_string());
-    format!(
-        r#"{{"name": "{}", "model": {model}, "ddp": {}, "first_bucket_bytes": {first_bucket_bytes}, "steps": {}, "micro_batches": {}, "no_sync": "{no_sync}", "record_micro_batches": {}, "lr": {:?}}}"#,
-        stage.name, stage.torch_ddp, stage.steps, stage.micro_batches, stage.record_micro_batches, stage.lr
-    )
-}
-
-/// Writes what the oracle reads for `world_size` ranks into `dir`.
-pub fn write_inputs(dir: &Path, world_size: usize) -> anyhow::Result<()> {
-    let stages = stages();
-    let listed: Vec<String> = stages.iter().map(json).collect();
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("stages.json"), format!("{{\"stages\": [\n{}\n]}}\n", listed.join(",\n")))?;
-    for stage in &stages {
-        let folder = dir.join(stage.name);
-        std::fs::create_dir_all(&folder)?;
-        let (vs, _) = build(&stage.model);
-        let weights: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        Tensor::write_safetensors(&weights, folder.join("weights.safetensors"))?;
-        for rank in 0..world_size {
-            let mut tensors = Vec::new();
-            for step in 0..stage.steps {
-                for m in 0..stage.micro_batches {
-                    let b = micro_batch(stage, rank, step, m);
-                    let key = format!("step{step}.mb{m}");
-                    tensors.push((format!("{key}.input"), b.input));
-                    tensors.push((format!("{key}.target"), b.target));
-                    tensors.push((format!("{key}.use_branch"), Tensor::from(b.use_branch as i64)));
-                }
-            }
-            Tensor::write_safetensors(&tensors, folder.join(format!("batches_rank{rank}.safetensors")))?;
-        }
-    }
-    Ok(())
 }

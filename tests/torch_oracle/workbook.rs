@@ -28,6 +28,21 @@ pub struct RankRun {
     pub parameters: Vec<String>,
 }
 
+impl RankRun {
+    /// A run read back from its tensors (an MPI rank's file): no counts
+    /// or layouts.
+    pub fn from_tensors(tensors: Vec<(String, Tensor)>) -> RankRun {
+        RankRun {
+            tensors,
+            gradient_syncs: 0,
+            layout_before: vec![],
+            layout_after: vec![],
+            names_after: vec![],
+            parameters: vec![],
+        }
+    }
+}
+
 /// One rank of `stage` on `pg`.
 pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
     // One libtorch thread, as each PyTorch process has: a reduction split
@@ -55,14 +70,7 @@ pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
                 record(&params, step, stage.micro_batches - 1, &mut out);
                 sgd_step(&params, stage.lr, step, &mut out);
             }
-            Ok(RankRun {
-                tensors: out,
-                gradient_syncs: syncs,
-                layout_before: vec![],
-                layout_after: vec![],
-                names_after: vec![],
-                parameters: names(&params),
-            })
+            Ok(RankRun { gradient_syncs: syncs, parameters: names(&params), ..RankRun::from_tensors(out) })
         }
         WorkbookSync::Wrapper { caps, find_unused } => {
             let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), caps)?
