@@ -10,8 +10,9 @@
 //! in it, computed once when the layout is planned. Everything that puts a
 //! gradient into a bucket, moves the buckets' bytes or reads a slot goes
 //! through it, and its fields are private: the wrappers, the overlapped
-//! sync (`overlap.rs`) and the end-of-backward check (`unused.rs`) use its
-//! methods.
+//! sync (`overlap.rs`) uses its methods, and the check at the end of its
+//! backward is here, at the end of this file: whether every rank filled the
+//! same slots.
 //!
 //! The finished wrapper keeps gradients in the buckets (PyTorch's
 //! `gradient_as_bucket_view`): the first time a parameter has a gradient,
@@ -21,25 +22,17 @@
 //! `zero_grad` zeroes it there, and the all-reduce leaves the average where
 //! the optimizer reads it: the sync copies nothing.
 //!
-//! The first layout guesses that backward produces gradients in reverse
-//! registration order; a model that registers its layers in another order
-//! than it uses them proves the guess wrong, and then the first bucket waits
-//! for the last gradient and nothing overlaps. So after the first synced
-//! step every rank adopts rank 0's observed order ([`agree_on_order`]: ranks
-//! must agree, their all-reduces pair up by bucket) and, if the current
-//! layout made a complete bucket wait for a later one, the buckets are
-//! planned again ([`GradientBuckets::replan_in_order`], PyTorch's
-//! `rebuild_buckets`). PyTorch plans again in any case; a layout whose
-//! buckets already complete in order loses nothing by staying, and keeps
-//! its buffers, where an optimizer may read the gradients.
+//! The re-plan after the first step (PyTorch's `rebuild_buckets`) computes
+//! its layout in `layout.rs`; [`GradientBuckets::replan_in_order`] moves the
+//! gradients into it.
 //!
 //! Tested by `cargo test --test ddp`, `cargo test --test overlap` and
 //! `cargo test --test chapter_05`.
 
 use tch::Tensor;
 
-use super::layout::{plan_buckets, Bucket, BucketCaps, ParamMeta};
-use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
+use super::layout::{replanned, Bucket, BucketCaps, ParamMeta};
+use crate::dist::{tagged, torch_error, DistError, ProcessGroup, ReduceOp, Work};
 use crate::models::Named;
 
 /// A model's bucket layout, planned once and the same on every rank, with
@@ -209,30 +202,6 @@ impl GradientBuckets {
 /// its flat buffer: [`GradientBuckets::flat_groups`].
 pub type FlatGroups = Vec<(Vec<usize>, Tensor)>;
 
-// Re-planning (PyTorch's `rebuild_buckets`): see the top of this file.
-
-/// Rank 0's `observed` order, on every rank. A parameter rank 0 never saw
-/// ready (it got no gradient) is appended, from the last registered to the
-/// first, so that the order names every parameter once.
-pub fn agree_on_order(
-    pg: &dyn ProcessGroup,
-    observed: &[usize],
-    param_count: usize,
-) -> Result<Vec<usize>, DistError> {
-    let mut order: Vec<i64> = Vec::with_capacity(param_count);
-    let mut seen = vec![false; param_count];
-    for &p in observed.iter().chain((0..param_count).rev().collect::<Vec<_>>().iter()) {
-        if !seen[p] {
-            seen[p] = true;
-            order.push(p as i64);
-        }
-    }
-    let mut agreed = Tensor::from_slice(&order); // [param_count]
-    pg.broadcast(&mut agreed, 0)?;
-    let agreed = Vec::<i64>::try_from(&agreed).map_err(torch_error(pg, "reading rank 0's gradient order"))?;
-    Ok(agreed.into_iter().map(|p| p as usize).collect())
-}
-
 impl GradientBuckets {
     /// If, with gradients ready in `order` (each parameter once), some
     /// bucket would complete after a later one, and so wait for it, plans
@@ -240,40 +209,107 @@ impl GradientBuckets {
     /// instead of reverse registration order. Returns the new layout's flat
     /// groups if the layout changed (new buffers then replace the old, and a
     /// gradient that lived in its old slot lives in its new one), `None` if
-    /// it stays. Every rank must pass the same order (see [`agree_on_order`]).
+    /// it stays. Every rank must pass the same order (see [`agree_on_order`](super::agree_on_order)).
     pub fn replan_in_order(
         &mut self,
         pg: &dyn ProcessGroup,
         params: &[Named],
         order: &[usize],
     ) -> Result<Option<FlatGroups>, DistError> {
-        if completes_in_order(self.layout(), order) {
+        let Some(layout) = replanned(&self.layout, &ParamMeta::of(params), order, self.caps) else {
             return Ok(None);
-        }
-        let metas = ParamMeta::of(params);
-        // `plan_buckets` walks its list from the last entry to the first:
-        // hand it the order reversed, and map its indices back.
-        let reversed: Vec<usize> = order.iter().rev().copied().collect();
-        let permuted: Vec<ParamMeta> = reversed.iter().map(|&p| metas[p].clone()).collect();
-        let caps = self.caps();
-        let mut layout = plan_buckets(&permuted, caps.cap_bytes, caps.first_cap_bytes);
-        for bucket in &mut layout {
-            bucket.params.iter_mut().for_each(|j| *j = reversed[*j]);
-        }
-        if layout == self.layout() {
-            return Ok(None);
-        }
+        };
         self.relayout(pg, params, layout)?;
         Ok(Some(self.flat_groups()))
     }
 }
 
-/// Whether each bucket's last member comes, in `order`, before the last
-/// member of every later bucket: then every bucket leaves as it completes.
-fn completes_in_order(layout: &[Bucket], order: &[usize]) -> bool {
-    let mut position = vec![0; order.len()];
-    order.iter().enumerate().for_each(|(at, &p)| position[p] = at);
-    let completed_at: Vec<usize> =
-        layout.iter().map(|b| b.params.iter().map(|&p| position[p]).max().unwrap_or(0)).collect();
-    completed_at.windows(2).all(|w| w[0] < w[1])
+// The check at the end of an overlapped backward (`overlap.rs`), on what
+// went into the slots.
+
+/// What this rank brings to the end-of-backward check.
+pub(super) struct EndOfBackward<'a> {
+    /// The parameters whose gradient-ready hook did not fire here.
+    pub unused: &'a [usize],
+    /// Whether this rank's `loss.backward()` returned an error.
+    pub backward_failed: bool,
+    pub find_unused_parameters: bool,
+    /// The sync's name, for the all-reduce's tag.
+    pub tag: &'a str,
+}
+
+impl GradientBuckets {
+    /// A rank whose backward failed, or a parameter without a gradient, still
+    /// sent its buckets (zeros in the missing slots), so that no rank hangs.
+    /// Then every rank learns which ranks' backward failed, which parameters
+    /// got no gradient on some rank, and which got one on some rank: one
+    /// all-reduce (MAX) of `[unused here (n) | used here (n) | backward failed,
+    /// per rank]`. Every rank reaches the same verdict: a failed backward anywhere
+    /// fails the step everywhere (the failing rank gets `PeerGone` naming
+    /// itself here; its caller reports its own backward error instead); so
+    /// does a parameter without a gradient unless unused parameters were
+    /// expected. When they were, a parameter that this rank did not use but
+    /// another did gets the averaged gradient here too, so that every replica
+    /// takes the same step.
+    pub(super) fn end_of_backward_check(
+        &self,
+        pg: &dyn ProcessGroup,
+        params: &[Named],
+        this_rank: EndOfBackward<'_>,
+    ) -> Result<(), DistError> {
+        let (n, world) = (params.len() as i64, pg.world_size() as i64);
+        // On the parameters' device: a GPU backend moves GPU tensors only.
+        let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
+        let mut flags = Tensor::zeros([2 * n + world], (tch::Kind::Int, device));
+        let _ = flags.narrow(0, n, n).fill_(1); // used here, until marked unused below
+        for &i in this_rank.unused {
+            let _ = flags.get(i as i64).fill_(1);
+            let _ = flags.get(n + i as i64).fill_(0);
+        }
+        if this_rank.backward_failed {
+            let _ = flags.get(2 * n + pg.rank() as i64).fill_(1);
+        }
+        tagged(format!("{}, end-of-backward check", this_rank.tag), || {
+            pg.all_reduce(&mut flags, ReduceOp::Max)
+        })?;
+        let flags: Vec<i32> = Vec::try_from(flags.to_device(tch::Device::Cpu))
+            .map_err(torch_error(pg, "reading the end-of-backward flags"))?;
+        let (unused_somewhere, used_somewhere, failed) =
+            (&flags[..n as usize], &flags[n as usize..2 * n as usize], &flags[2 * n as usize..]);
+
+        if let Some(peer) = failed.iter().position(|&f| f != 0) {
+            let reason = "returned an error from loss.backward() in this step (its own error says why); \
+                          every rank fails the step, since the averages would mix in its missing gradients";
+            return Err(DistError::PeerGone {
+                rank: pg.rank(),
+                op: format!("the gradient sync at the end of backward ({})", this_rank.tag),
+                peer,
+                reason: reason.into(),
+            });
+        }
+        let unused_anywhere: Vec<usize> = (0..params.len()).filter(|&i| unused_somewhere[i] != 0).collect();
+        if unused_anywhere.is_empty() {
+            return Ok(());
+        }
+        if !this_rank.find_unused_parameters {
+            let names: Vec<&str> = unused_anywhere.iter().map(|&i| params[i].0.as_str()).collect();
+            let detail = format!(
+                "parameter(s) {names:?} got no gradient in this backward pass on at least one rank. Their \
+                 buckets were sent with zeros in their place, so every rank still agrees; but a model \
+                 that skips parameters must say so: pass `find_unused_parameters: true` (PyTorch's \
+                 find_unused_parameters=True), or use every parameter in the loss"
+            );
+            return Err(DistError::Invalid {
+                rank: pg.rank(),
+                op: "gradient sync at the end of backward".into(),
+                detail,
+            });
+        }
+        for &i in this_rank.unused {
+            if used_somewhere[i] != 0 {
+                self.install(pg, i, params)?; // its slot holds the others' average
+            }
+        }
+        Ok(())
+    }
 }

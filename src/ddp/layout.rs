@@ -9,12 +9,26 @@
 //! the book builds it. [`check_plan`] is what a wrapper checks before it
 //! trusts a layout.
 //!
-//! Tested by `cargo test --test chapter_05`.
+//! The first layout guesses that backward produces gradients in reverse
+//! registration order; a model that registers its layers in another order
+//! than it uses them proves the guess wrong, and then the first bucket waits
+//! for the last gradient and nothing overlaps. So after the first synced
+//! step every rank adopts rank 0's observed order ([`agree_on_order`]: ranks
+//! must agree, their all-reduces pair up by bucket) and, if the current
+//! layout made a complete bucket wait for a later one, the buckets are
+//! planned again (`GradientBuckets::replan_in_order`, which computes the new layout with
+//! [`replanned`], PyTorch's
+//! `rebuild_buckets`). PyTorch plans again in any case; a layout whose
+//! buckets already complete in order loses nothing by staying, and keeps
+//! its buffers, where an optimizer may read the gradients.
+//!
+//! Tested by `cargo test --test chapter_05` and `cargo test --test overlap`.
 
 use std::cmp::Reverse;
 
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
+use crate::dist::{torch_error, DistError, ProcessGroup};
 use crate::fingerprint::Fnv1a;
 use crate::models::Named;
 
@@ -221,4 +235,63 @@ pub fn layout_fingerprint(buckets: &[Bucket]) -> i64 {
         hash.write(format!("{:?}@{:?}:{:?}|", bucket.kind, bucket.device, bucket.params).as_bytes());
     }
     hash.finish()
+}
+
+// Re-planning (PyTorch's `rebuild_buckets`): see the top of this file.
+
+/// Rank 0's `observed` order, on every rank. A parameter rank 0 never saw
+/// ready (it got no gradient) is appended, from the last registered to the
+/// first, so that the order names every parameter once.
+pub fn agree_on_order(
+    pg: &dyn ProcessGroup,
+    observed: &[usize],
+    param_count: usize,
+) -> Result<Vec<usize>, DistError> {
+    let mut order: Vec<i64> = Vec::with_capacity(param_count);
+    let mut seen = vec![false; param_count];
+    for &p in observed.iter().chain((0..param_count).rev().collect::<Vec<_>>().iter()) {
+        if !seen[p] {
+            seen[p] = true;
+            order.push(p as i64);
+        }
+    }
+    let mut agreed = Tensor::from_slice(&order); // [param_count]
+    pg.broadcast(&mut agreed, 0)?;
+    let agreed = Vec::<i64>::try_from(&agreed).map_err(torch_error(pg, "reading rank 0's gradient order"))?;
+    Ok(agreed.into_iter().map(|p| p as usize).collect())
+}
+
+/// The layout to re-plan to, if, with gradients ready in `order` (each
+/// parameter once), some bucket of `layout` would complete after a later
+/// one, and so wait for it: the buckets planned again with the same caps,
+/// filled in `order` instead of reverse registration order. `None` if the
+/// layout may stay.
+pub fn replanned(
+    layout: &[Bucket],
+    metas: &[ParamMeta],
+    order: &[usize],
+    caps: BucketCaps,
+) -> Option<Vec<Bucket>> {
+    if completes_in_order(layout, order) {
+        return None;
+    }
+    // `plan_buckets` walks its list from the last entry to the first:
+    // hand it the order reversed, and map its indices back.
+    let reversed: Vec<usize> = order.iter().rev().copied().collect();
+    let permuted: Vec<ParamMeta> = reversed.iter().map(|&p| metas[p].clone()).collect();
+    let mut planned = plan_buckets(&permuted, caps.cap_bytes, caps.first_cap_bytes);
+    for bucket in &mut planned {
+        bucket.params.iter_mut().for_each(|j| *j = reversed[*j]);
+    }
+    (planned != layout).then_some(planned)
+}
+
+/// Whether each bucket's last member comes, in `order`, before the last
+/// member of every later bucket: then every bucket leaves as it completes.
+fn completes_in_order(layout: &[Bucket], order: &[usize]) -> bool {
+    let mut position = vec![0; order.len()];
+    order.iter().enumerate().for_each(|(at, &p)| position[p] = at);
+    let completed_at: Vec<usize> =
+        layout.iter().map(|b| b.params.iter().map(|&p| position[p]).max().unwrap_or(0)).collect();
+    completed_at.windows(2).all(|w| w[0] < w[1])
 }

@@ -10,14 +10,13 @@
 //! | the `no_sync` switch and guard: [`SyncSwitch`], [`NoSyncGuard`] | `no_sync.rs` | 4 |
 //! | batch arithmetic: [`micro_batch_size`], [`split_micro_batches`] | `batch.rs` | 4 |
 //! | bucket layouts: [`plan_buckets`], [`Bucket`], [`BucketCaps`] | `layout.rs` | 5 |
-//! | the buckets, gradients kept in them: [`GradientBuckets`] | `buckets.rs` | 5, 6 |
+//! | the buckets, gradients kept in them, the end-of-backward check: [`GradientBuckets`] | `buckets.rs` | 5, 6 |
 //! | planning them, and the copying sync: [`sync_bucket`] | `bucketed.rs` | 5 |
 //! | the sampler: [`DistributedSampler`], [`epoch_shard`], [`shard_indices`] | `sampler.rs` | 7 |
 //! | what it is built from: [`SamplerOptions`], [`SamplerError`] | `sampler_options.rs` | 7 |
-//! | buckets that leave during backward: [`OverlappedBuckets`] | `overlap.rs` | 6 |
-//! | its readiness rule and record: [`mark_ready`], [`StepRecord`] | `overlap_steps.rs` | 6 |
-//! | buckets re-planned from the observed order: [`agree_on_order`] | `buckets.rs` | 6 |
-//! | the unused-parameter check at the end of backward | `unused.rs` | 6 |
+//! | buckets that leave during backward: [`OverlappedBuckets`], [`mark_ready`] | `overlap.rs` | 6 |
+//! | what they show: [`StepRecord`], the layout | `overlap_record.rs` | 6 |
+//! | buckets re-planned from the observed order: [`agree_on_order`], [`replanned`] | `layout.rs` | 6 |
 //! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 7 |
 //! | one optimizer step with accumulation: [`train_step`], for any [`StepOptimizer`] | `step.rs` | 7 |
 //! | the chapters' seams, never used by the library: [`seams`] | `seams.rs` | 2-6 |
@@ -46,30 +45,29 @@ mod layout;
 pub mod naive;
 mod no_sync;
 mod overlap;
-mod overlap_steps;
+mod overlap_record;
 mod replicas;
 mod replicated;
 mod sampler;
 mod sampler_options;
 pub mod seams;
 mod step;
-mod unused;
 mod wrapper;
 
 pub use crate::models::Named;
 pub use batch::{check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError};
 pub use bucketed::{sync_bucket, BucketingError};
-pub use buckets::{agree_on_order, FlatGroups, GradientBuckets};
+pub use buckets::{FlatGroups, GradientBuckets};
 pub use layout::{
-    check_plan, layout_fingerprint, plan_buckets, Bucket, BucketCaps, ParamMeta, DEFAULT_BUCKET_CAP_BYTES,
-    DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
+    agree_on_order, check_plan, layout_fingerprint, plan_buckets, replanned, Bucket, BucketCaps, ParamMeta,
+    DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
 };
 pub use no_sync::{NoSyncGuard, SyncSwitch};
-pub use overlap::OverlappedBuckets;
-pub use overlap_steps::{mark_ready, BucketProgress, Launch, StepRecord};
+pub use overlap::{mark_ready, BucketProgress, OverlappedBuckets};
+pub use overlap_record::{Launch, StepRecord};
 pub use replicas::{check_same_structure, verify_replicas, InitError};
 pub use replicated::Replicated;
 pub use sampler::{epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler};
 pub use sampler_options::{SamplerError, SamplerOptions};
-pub use step::{train_step, train_step_with, StepOptimizer};
-pub use wrapper::SimpleDistributedDataParallelism;
+pub use step::{train_step, train_step_with};
+pub use wrapper::{SimpleDistributedDataParallelism, StepOptimizer};

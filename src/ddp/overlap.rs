@@ -1,14 +1,16 @@
-//! Buckets that leave during backward (PyTorch's reducer): a gradient-ready
-//! hook on every parameter marks it; when a bucket's last member is ready,
-//! and every bucket before it has left, its asynchronous all-reduce starts
-//! while backward goes on computing the earlier layers. After backward,
-//! [`OverlappedBuckets::finish`] waits for them all and divides. The library
-//! launches and finishes a bucket with [`GradientBuckets`]' own methods,
-//! which keep the gradients in the buckets. (Chapter 6 runs its own three
-//! steps in this driver, through `ddp::seams`; the library never does.)
+//! Spoiler: this file holds the library's answer to chapter 6's `mark_ready`
+//! (`src/ch06_overlap/exercise.rs`). Working through the book? Write yours
+//! first; the book shows the parts of this file you need, and the answer at
+//! the end of the chapter.
 //!
-//! After the first synced step the buckets are re-planned from the order in
-//! which the gradients became ready (`buckets.rs`).
+//! Buckets that leave during backward (PyTorch's reducer), one gradient's way
+//! through them: its hook marks it ready ([`mark_ready`]); once a bucket is
+//! complete, and every bucket before it has left, its asynchronous all-reduce
+//! starts while backward computes the earlier layers. After backward,
+//! [`OverlappedBuckets::finish`] waits, divides, checks with every rank, and
+//! after the first step re-plans. Launch and finish are [`GradientBuckets`]'
+//! own (chapter 6 runs its steps here through `ddp::seams`; the library never
+//! does). What the driver shows its caller is in `overlap_record.rs`.
 //!
 //! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
 
@@ -17,76 +19,108 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::buckets::{agree_on_order, FlatGroups, GradientBuckets};
-use super::layout::Bucket;
-use super::overlap_steps::{mark_ready, BucketProgress, Launch, StepRecord};
-
-use super::unused::{end_of_backward_check, EndOfBackward};
+use super::buckets::{EndOfBackward, FlatGroups, GradientBuckets};
+use super::layout::{agree_on_order, Bucket};
+use super::overlap_record::{Launch, StepRecord};
 use crate::autograd::GradReadyHooks;
 use crate::dist::{tagged, DistError, Group, ProcessGroup, Work};
 use crate::models::Named;
 
+/// What a bucket step is handed: the group, the buckets, the parameters.
+pub(crate) type Buckets<'a> = (&'a dyn ProcessGroup, &'a GradientBuckets, &'a [Named]);
+
 /// The three steps of an overlapped sync, as the driver calls them. The
-/// library's are [`LibrarySteps`]; chapter 6's come through `ddp::seams`.
+/// library's are the defaults ([`LibrarySteps`]); chapter 6's come through
+/// `ddp::seams`.
 pub(crate) trait BucketSteps: Send {
     /// A hook said `param`'s gradient is final: the buckets that may leave now.
-    fn mark_ready(&self, progress: &mut BucketProgress, param: usize) -> Vec<usize>;
-    /// Starts bucket `b`'s all-reduce (SUM).
-    fn launch(
-        &self,
-        pg: &dyn ProcessGroup,
-        buckets: &GradientBuckets,
-        b: usize,
-        params: &[Named],
-    ) -> Result<Work, DistError>;
-    /// Waits for bucket `b` and leaves the average in its gradients.
-    fn finish(
-        &self,
-        pg: &dyn ProcessGroup,
-        buckets: &GradientBuckets,
-        b: usize,
-        work: Work,
-        params: &[Named],
-    ) -> Result<(), DistError>;
-}
-
-/// The library's steps: [`mark_ready`], and [`GradientBuckets`]' own launch
-/// and finish, which keep the gradients in their slots.
-struct LibrarySteps;
-
-impl BucketSteps for LibrarySteps {
     fn mark_ready(&self, progress: &mut BucketProgress, param: usize) -> Vec<usize> {
         mark_ready(progress, param)
     }
-
-    fn launch(
-        &self,
-        pg: &dyn ProcessGroup,
-        buckets: &GradientBuckets,
-        b: usize,
-        params: &[Named],
-    ) -> Result<Work, DistError> {
+    /// Starts bucket `b`'s all-reduce (SUM), its gradients in their slots.
+    fn launch(&self, (pg, buckets, params): Buckets<'_>, b: usize) -> Result<Work, DistError> {
         buckets.launch_bucket(pg, b, params)
     }
-
-    fn finish(
-        &self,
-        pg: &dyn ProcessGroup,
-        buckets: &GradientBuckets,
-        b: usize,
-        work: Work,
-        _: &[Named],
-    ) -> Result<(), DistError> {
+    /// Waits for bucket `b` and leaves the average in its gradients.
+    fn finish(&self, (pg, buckets, _): Buckets<'_>, b: usize, work: Work) -> Result<(), DistError> {
         buckets.finish_bucket(pg, b, work)
     }
 }
 
+/// The library's steps: the trait's defaults.
+struct LibrarySteps;
+
+impl BucketSteps for LibrarySteps {}
+
+// ANCHOR: progress
+/// Where one backward pass stands: which gradients are ready, how many each
+/// bucket still waits for, and which bucket leaves next. Buckets leave in
+/// bucket order, on every rank, because collectives pair up by their order.
+#[derive(Clone, Debug)]
+pub struct BucketProgress {
+    /// For each parameter (registration index), the bucket it belongs to.
+    pub bucket_of: Vec<usize>,
+    /// For each bucket, how many of its members are not ready yet.
+    pub pending: Vec<usize>,
+    /// For each parameter, whether its gradient is ready in this pass.
+    pub ready: Vec<bool>,
+    /// The first bucket that has not been launched yet.
+    pub next_bucket: usize,
+}
+// ANCHOR_END: progress
+
+impl BucketProgress {
+    /// Nothing ready yet, for these buckets of `param_count` parameters.
+    pub fn new(layout: &[Bucket], param_count: usize) -> BucketProgress {
+        let mut bucket_of = vec![0; param_count];
+        for (b, bucket) in layout.iter().enumerate() {
+            bucket.params.iter().for_each(|&p| bucket_of[p] = b);
+        }
+        let pending = layout.iter().map(|b| b.params.len()).collect();
+        BucketProgress { bucket_of, pending, ready: vec![false; param_count], next_bucket: 0 }
+    }
+
+    /// Back to nothing ready, for the next pass over the same `layout`
+    /// (`bucket_of` stays: it changes only with the layout).
+    pub fn reset(&mut self, layout: &[Bucket]) {
+        self.pending.iter_mut().zip(layout).for_each(|(pending, b)| *pending = b.params.len());
+        self.ready.iter_mut().for_each(|r| *r = false);
+        self.next_bucket = 0;
+    }
+
+    /// The parameters not marked ready in this pass.
+    pub fn not_ready(&self) -> Vec<usize> {
+        (0..self.ready.len()).filter(|&i| !self.ready[i]).collect()
+    }
+}
+
+// ANCHOR: mark_ready
+/// A gradient-ready hook says that parameter `param`'s gradient is final.
+/// Marks it ready in `progress` and returns the buckets that may leave now,
+/// in order: from `progress.next_bucket` on, each bucket with no member
+/// pending, up to the first that still has one; `next_bucket` moves past
+/// them. A second mark of the same parameter in one pass changes nothing.
+pub fn mark_ready(progress: &mut BucketProgress, param: usize) -> Vec<usize> {
+    if progress.ready[param] {
+        return vec![];
+    }
+    progress.ready[param] = true;
+    progress.pending[progress.bucket_of[param]] -= 1;
+    let mut launch = vec![];
+    while progress.next_bucket < progress.pending.len() && progress.pending[progress.next_bucket] == 0 {
+        launch.push(progress.next_bucket);
+        progress.next_bucket += 1;
+    }
+    launch
+}
+// ANCHOR_END: mark_ready
+
 /// Where the sync stands, shared by the hooks (on the backward thread) and
 /// the caller: the buckets, which have left, and what the last step did.
-struct SyncState {
+pub(super) struct SyncState {
     pg: Group,
-    buckets: GradientBuckets,
-    params: Vec<Named>,
+    pub(super) buckets: GradientBuckets,
+    pub(super) params: Vec<Named>,
     /// How buckets are marked, launched and finished: [`LibrarySteps`].
     steps: Box<dyn BucketSteps>,
     /// Which gradients are ready and which bucket leaves next (chapter 6).
@@ -101,9 +135,9 @@ struct SyncState {
     tag: String,
     /// The last synced step as it happened: what tests and benchmarks
     /// look at.
-    record: StepRecord,
+    pub(super) record: StepRecord,
     /// Whether the buckets are still to be re-planned after a first step.
-    replan_pending: bool,
+    pub(super) replan_pending: bool,
     /// The first error met during backward; reported by `finish`.
     error: Option<DistError>,
     /// Set while a step runs; still set if it panicked, and then the hooks
@@ -113,7 +147,7 @@ struct SyncState {
 
 impl SyncState {
     /// Marks `index` ready and launches what `mark_ready` says may leave.
-    fn mark(&mut self, index: usize) {
+    pub(super) fn mark(&mut self, index: usize) {
         if self.error.is_some() || self.interrupted {
             return;
         }
@@ -143,7 +177,8 @@ impl SyncState {
             return Err(DistError::Invalid { rank: self.pg.rank(), op: "launching a bucket".into(), detail });
         }
         let (pg, buckets, params) = (self.pg.as_ref(), &self.buckets, &self.params);
-        let work = tagged(format!("{}, bucket {b}", self.tag), || self.steps.launch(pg, buckets, b, params))?;
+        let work =
+            tagged(format!("{}, bucket {b}", self.tag), || self.steps.launch((pg, buckets, params), b))?;
         self.works.push((b, work));
         let gradients_ready = self.record.ready_order.len();
         self.record.launches.push(Launch { bucket: b, at: Instant::now(), gradients_ready });
@@ -201,7 +236,7 @@ impl OverlappedBuckets {
         Ok(OverlappedBuckets { shared, hooks })
     }
 
-    fn lock(&self) -> MutexGuard<'_, SyncState> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, SyncState> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -257,7 +292,7 @@ impl OverlappedBuckets {
         let pg = p.pg.clone();
         for (b, work) in works {
             // Every one is finished, even after an error: the peers wait for it.
-            let finished = p.steps.finish(pg.as_ref(), &p.buckets, b, work, &p.params);
+            let finished = p.steps.finish((pg.as_ref(), &p.buckets, &p.params), b, work);
             result = result.and(finished);
         }
         let SyncState { progress, buckets, .. } = &mut *p;
@@ -269,7 +304,7 @@ impl OverlappedBuckets {
             find_unused_parameters,
             tag: &p.tag,
         };
-        let checked = end_of_backward_check(pg.as_ref(), &p.buckets, &p.params, this_rank);
+        let checked = p.buckets.end_of_backward_check(pg.as_ref(), &p.params, this_rank);
         backward?; // this rank's own error says more than the check's
         checked?;
         if !std::mem::replace(&mut p.replan_pending, false) {
@@ -282,50 +317,5 @@ impl OverlappedBuckets {
             p.progress = BucketProgress::new(p.buckets.layout(), p.params.len());
         }
         Ok(new_layout)
-    }
-
-    /// Syncs after a backward pass that ran unarmed: every gradient present
-    /// counts as ready, the buckets leave now, and [`finish`](Self::finish)
-    /// waits for them. For callers that ran `loss.backward()` themselves.
-    /// Returns what [`finish`](Self::finish) returns.
-    pub fn sync_now(
-        &self,
-        tag: String,
-        find_unused_parameters: bool,
-    ) -> Result<Option<FlatGroups>, DistError> {
-        self.arm(tag);
-        {
-            let mut p = self.lock();
-            let present: Vec<usize> =
-                (0..p.params.len()).filter(|&i| p.params[i].1.grad().defined()).collect();
-            present.into_iter().for_each(|i| p.mark(i));
-        }
-        self.finish(find_unused_parameters, Ok(()))
-    }
-
-    /// The last synced backward, as it happened.
-    pub fn last_step(&self) -> StepRecord {
-        self.lock().record.clone()
-    }
-
-    /// Keeps the first layout: no re-plan after the first step.
-    pub fn keep_layout(&self) {
-        self.lock().replan_pending = false;
-    }
-
-    /// The current layout, in the order the buckets leave.
-    pub fn layout(&self) -> Vec<Bucket> {
-        self.lock().buckets.layout().to_vec()
-    }
-
-    /// The names of each bucket's parameters, in buffer order.
-    pub fn names(&self) -> Vec<Vec<String>> {
-        let p = self.lock();
-        p.buckets.names(&p.params)
-    }
-
-    /// Each bucket's members and its buffer (see [`GradientBuckets::flat_groups`]).
-    pub fn flat_groups(&self) -> FlatGroups {
-        self.lock().buckets.flat_groups()
     }
 }

@@ -27,8 +27,7 @@ use tch::Tensor;
 use super::bucketed::BucketingError;
 use super::layout::{Bucket, BucketCaps};
 use super::no_sync::{NoSyncGuard, SyncSwitch};
-use super::overlap::BucketSteps;
-use super::overlap_steps::BucketProgress;
+use super::overlap::{BucketProgress, BucketSteps, Buckets};
 use super::replicas::InitError;
 use super::{GradientBuckets, OverlappedBuckets, Replicated};
 use crate::dist::{tagged, DistError, Group, ProcessGroup, Work};
@@ -173,24 +172,11 @@ impl BucketSteps for OverlapSteps {
         (self.mark_ready)(progress, param)
     }
 
-    fn launch(
-        &self,
-        pg: &dyn ProcessGroup,
-        buckets: &GradientBuckets,
-        b: usize,
-        params: &[Named],
-    ) -> Result<Work, DistError> {
+    fn launch(&self, (pg, buckets, params): Buckets<'_>, b: usize) -> Result<Work, DistError> {
         (self.launch_bucket)(pg, &buckets.layout()[b], &mut buckets.buffer(b), params)
     }
 
-    fn finish(
-        &self,
-        pg: &dyn ProcessGroup,
-        buckets: &GradientBuckets,
-        b: usize,
-        work: Work,
-        params: &[Named],
-    ) -> Result<(), DistError> {
+    fn finish(&self, (pg, buckets, params): Buckets<'_>, b: usize, work: Work) -> Result<(), DistError> {
         (self.finish_bucket)(pg, &buckets.layout()[b], &mut buckets.buffer(b), work, params)
     }
 }

@@ -6,8 +6,8 @@
 //! One optimizer step of the whole DDP loop, with gradient accumulation over
 //! this rank's micro-batches: [`train_step`]. The training run
 //! (`src/train/run.rs`) and the chapter-7 tests call it once per step, with
-//! any optimizer that has the three methods of [`StepOptimizer`]: tch's
-//! `nn::Optimizer`, or the run's `AdamW`.
+//! any optimizer that has the three methods of [`StepOptimizer`]
+//! (`wrapper.rs`): tch's `nn::Optimizer` (below), or the run's `AdamW`.
 //!
 //! Tested by `cargo test --test chapter_07` and `cargo test --test train`.
 
@@ -15,26 +15,8 @@ use tch::nn::{self, Module};
 use tch::{TchError, Tensor};
 
 use super::batch::check_micro_batch_sizes;
-use super::buckets::FlatGroups;
-use super::wrapper::SimpleDistributedDataParallelism;
+use super::wrapper::{SimpleDistributedDataParallelism, StepOptimizer};
 use crate::dist::DistError;
-
-/// What [`train_step`] asks of an optimizer.
-pub trait StepOptimizer {
-    /// Forgets every gradient: backward adds to `.grad`, so each step starts
-    /// from nothing.
-    fn zero_grad(&mut self);
-    /// Updates every parameter that has a gradient.
-    fn step(&mut self) -> Result<(), TchError>;
-    /// The wrapper re-planned its buckets (once, after its first synced
-    /// step): an optimizer that reads the gradients in place, laid out on
-    /// the old buffers, lays itself out again on `groups`. One that reads
-    /// `.grad()` every step needs nothing, and that is the default.
-    fn regroup(&mut self, groups: FlatGroups) -> Result<(), String> {
-        let _ = groups;
-        Ok(())
-    }
-}
 
 /// tch's optimizers read `.grad()` every step. (Their `step` panics on a
 /// libtorch error; it has no fallible form.)
@@ -95,16 +77,7 @@ pub fn train_step_with<M: Module, O: StepOptimizer>(
         rank_loss += loss.double_value(&[]);
         after_backward(i);
     }
-    if let Some(groups) = ddp.take_new_layout() {
-        // The first sync re-planned the buckets: the optimizer reads them.
-        let op = "laying the optimizer out on the re-planned buckets".to_string();
-        optimizer.regroup(groups).map_err(|detail| DistError::Invalid { rank: ddp.rank(), op, detail })?;
-    }
-    optimizer.step().map_err(|cause| DistError::Torch {
-        rank: ddp.rank(),
-        op: "optimizer.step()".into(),
-        cause,
-    })?;
+    ddp.optimizer_step(optimizer)?; // on the new buckets if the first sync re-planned them
     Ok(rank_loss)
 }
 // ANCHOR_END: train_step

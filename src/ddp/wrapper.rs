@@ -13,16 +13,34 @@ use std::ops::Deref;
 use std::time::{Duration, Instant};
 
 use tch::nn::{self, Module};
-use tch::Tensor;
+use tch::{TchError, Tensor};
 
 use super::bucketed::BucketingError;
 use super::buckets::{FlatGroups, GradientBuckets};
 use super::layout::{Bucket, BucketCaps};
 use super::no_sync::{NoSyncGuard, SyncSwitch};
 use super::overlap::OverlappedBuckets;
-use super::overlap_steps::StepRecord;
+use super::overlap_record::StepRecord;
 use super::replicated::Replicated;
 use crate::dist::{DistError, Group};
+
+/// What [`optimizer_step`](SimpleDistributedDataParallelism::optimizer_step),
+/// and so [`train_step`](super::train_step), asks of an optimizer.
+pub trait StepOptimizer {
+    /// Forgets every gradient: backward adds to `.grad`, so each step starts
+    /// from nothing.
+    fn zero_grad(&mut self);
+    /// Updates every parameter that has a gradient.
+    fn step(&mut self) -> Result<(), TchError>;
+    /// The wrapper re-planned its buckets (once, after its first synced
+    /// step): an optimizer that reads the gradients in place, laid out on
+    /// the old buffers, lays itself out again on `groups`. One that reads
+    /// `.grad()` every step needs nothing, and that is the default.
+    fn regroup(&mut self, groups: FlatGroups) -> Result<(), String> {
+        let _ = groups;
+        Ok(())
+    }
+}
 
 // ANCHOR: wrapper
 /// A model replicated on every rank of a process group, with everything the
@@ -135,6 +153,33 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         }
         Ok(())
     }
+
+    /// `optimizer.step()` on the averaged gradients, after the last
+    /// micro-batch's backward. If a sync re-planned the buckets since the
+    /// last step (the first synced step may: see `layout.rs`), lays the
+    /// optimizer out on the new ones first (`regroup`): one laid out on the
+    /// old buffers would read stale gradients. [`train_step`](super::train_step)
+    /// calls it; a hand-written loop should too.
+    pub fn optimizer_step<O: StepOptimizer>(&self, optimizer: &mut O) -> Result<(), DistError> {
+        if let Some(groups) = self.take_new_layout() {
+            let op = "laying the optimizer out on the re-planned buckets".to_string();
+            optimizer.regroup(groups).map_err(|detail| DistError::Invalid {
+                rank: self.rank(),
+                op,
+                detail,
+            })?;
+        }
+        let op = "optimizer.step()".to_string();
+        optimizer.step().map_err(|cause| DistError::Torch { rank: self.rank(), op, cause })
+    }
+
+    /// The new layout's flat groups if a sync re-planned the buckets since
+    /// the last call (the first synced step may), else `None`. An optimizer
+    /// laid out on the old buffers must be laid out again on these
+    /// ([`optimizer_step`](Self::optimizer_step) does it).
+    pub fn take_new_layout(&self) -> Option<FlatGroups> {
+        self.new_layout.take()
+    }
     // ANCHOR_END: backward
 
     /// Opens a scope in which [`backward`](Self::backward) only accumulates
@@ -177,7 +222,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 
     /// The bucket layout, in the order the buckets are all-reduced. After
     /// the first synced step it follows the order in which the gradients
-    /// became ready (see `buckets.rs`).
+    /// became ready (see `layout.rs`).
     pub fn buckets(&self) -> Vec<Bucket> {
         self.buckets.layout()
     }
@@ -192,14 +237,6 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// are after a sync: `AdamW::with_groups` updates them there, flat.
     pub fn flat_groups(&self) -> FlatGroups {
         self.buckets.flat_groups()
-    }
-
-    /// The new layout's flat groups if a sync re-planned the buckets since
-    /// the last call (the first synced step may: see `buckets.rs`), else
-    /// `None`. An optimizer laid out on the old buffers must be laid out
-    /// again on these ([`train_step`](super::train_step) does it).
-    pub fn take_new_layout(&self) -> Option<FlatGroups> {
-        self.new_layout.take()
     }
 
     /// The names of each bucket's parameters, in buffer order.
