@@ -55,6 +55,7 @@ figure_modules! {
     ch02_replicas => "figures/ch02_replicas.rs",
     ch04_no_sync => "figures/ch04_no_sync.rs",
     ch05_buckets => "figures/ch05_buckets.rs",
+    ch07_shards => "figures/ch07_shards.rs",
 }
 
 /// What rewrites the figures, for the messages of `--check`.
