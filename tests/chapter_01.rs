@@ -176,13 +176,17 @@ fn check_only_point_to_point(stats: &CommStats, rank: usize, case: &str) -> Resu
 
 fn check_all(input: InputFn, tolerance: f64) {
     for world_size in WORLD_SIZES {
+        let mut largest = 0.0_f64; // over every shape: what the chapter quotes (`-- --nocapture`)
         for shape in SHAPES {
             let case = describe(world_size, shape, input(0, shape).kind());
             let outcomes = run_case(world_size, shape, input, ring_all_reduce);
             let verdict = compare_across_ranks(&outcomes, shape, &case)
                 .and_then(|()| compare_with_builtin(&outcomes, shape, tolerance, &case));
             verdict.unwrap_or_else(|message| panic!("{message}"));
+            let differences = outcomes.iter().flat_map(|o| o.ring.iter().zip(&o.builtin));
+            largest = differences.fold(largest, |m, (ring, builtin)| m.max((ring - builtin).abs()));
         }
+        println!("{world_size} rank(s): the ring is at most {largest:.1e} from the built-in all_reduce");
     }
 }
 
