@@ -6,8 +6,8 @@
 //! each gradient by 1/2 before the sum, which is exact, and the sum of two
 //! halves is the half of the sum. So they must agree bitwise.
 //!
-//! On 3 ranks PyTorch multiplies each gradient by a rounded 1/3 (or, with
-//! `gradient_as_bucket_view`, divides it by 3) and gloo adds the three in
+//! On 3 ranks PyTorch scales each gradient by 1/3 before the sum (a rounded
+//! 1/3, or a division, each rounds on its own) and gloo adds the three in
 //! an order that depends on where the element lies in the buffer; the
 //! workbook adds in rank order and divides once. Each result is within a
 //! few ulps of the true mean, so of each other, relative to the size of
