@@ -52,6 +52,7 @@ macro_rules! figure_modules {
 figure_modules! {
     ch01_ring => "figures/ch01_ring.rs",
     ch01_alpha_beta => "figures/ch01_alpha_beta.rs",
+    ch01_broadcast => "figures/ch01_broadcast.rs",
     ch02_replicas => "figures/ch02_replicas.rs",
     ch04_no_sync => "figures/ch04_no_sync.rs",
     ch05_buckets => "figures/ch05_buckets.rs",
