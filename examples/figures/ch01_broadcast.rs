@@ -75,9 +75,9 @@ fn draw(svg: &mut Svg, top: f64, title: &str, sends: &[Vec<(usize, usize)>], arr
     for (step, step_sends) in sends.iter().enumerate() {
         let y = top + 46.0 + row * step as f64;
         svg.text(left, y + 5.0, SMALL, Anchor::Start, &format!("step {}", step + 1));
-        for r in 0..RANKS {
+        for (r, &arrival) in arrived.iter().enumerate() {
             let sender = step_sends.iter().find(|&&(_, to)| to == r).map(|&(from, _)| from);
-            match (arrived[r], sender) {
+            match (arrival, sender) {
                 (Some(s), Some(from)) if s == step => {
                     svg.dot(x_of(r), y, 12.0, PALE[1]);
                     svg.text_styled(x_of(r), y + 5.0, TEXT, Anchor::Middle, INK, true, &from.to_string());

@@ -59,7 +59,7 @@ struct Watching {
 impl Watching {
     fn before_call(&self) {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        if *calls % 2 == 0 {
+        if calls.is_multiple_of(2) {
             let held = self.chunks.lock().unwrap_or_else(|p| p.into_inner()).iter().map(read).collect();
             self.seen.lock().unwrap_or_else(|p| p.into_inner()).push(Seen { held, sent: None });
         }
@@ -146,8 +146,8 @@ fn run_ring() -> anyhow::Result<Vec<Phases>> {
 /// when its contribution is in; complete chunks get a heavy outline.
 fn draw_chunk(svg: &mut Svg, x: f64, y: f64, partial: Partial) {
     let cell = 8.0;
-    for r in 0..RANKS {
-        let fill = if partial.ranks & (1 << r) != 0 { PALETTE[r] } else { "#ffffff" };
+    for (r, colour) in PALETTE.iter().enumerate().take(RANKS) {
+        let fill = if partial.ranks & (1 << r) != 0 { colour } else { "#ffffff" };
         svg.rect(x, y + cell * r as f64, 18.0, cell, fill, Some("#9a9a9a"));
     }
     if partial.ranks.count_ones() as usize == RANKS {

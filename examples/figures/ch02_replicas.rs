@@ -130,14 +130,7 @@ fn replicas() -> anyhow::Result<String> {
 
     let y = svg.bottom() + 26.0;
     Plot::legend(&mut svg, 16.0, y, PALETTE[5], false, "seeds 0 and 1 (loss: rank 0 solid, rank 1 dashed)");
-    Plot::legend(
-        &mut svg,
-        16.0,
-        y + 20.0,
-        PALETTE[0],
-        false,
-        "seed 0 on both (gap 0: the ranks are equal)",
-    );
+    Plot::legend(&mut svg, 16.0, y + 20.0, PALETTE[0], false, "seed 0 on both (gap 0: the ranks are equal)");
     // The error's first clause: which tensor, which rank, by how much.
     let verdict = |runs: &[RankRun]| match &runs[0].verdict {
         Ok(()) => "passes".to_string(),

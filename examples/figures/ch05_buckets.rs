@@ -21,7 +21,7 @@ const CAPS: BucketCaps = BucketCaps { cap_bytes: 16 * 1024, first_cap_bytes: 4 *
 
 /// A size in KiB, whole when it is whole: "64 KiB", "0.25 KiB".
 fn kib(bytes: usize) -> String {
-    if bytes % 1024 == 0 {
+    if bytes.is_multiple_of(1024) {
         format!("{} KiB", bytes / 1024)
     } else {
         format!("{:.2} KiB", bytes as f64 / 1024.0)

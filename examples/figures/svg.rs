@@ -180,6 +180,9 @@ impl Svg {
     }
 
     /// Text at (`x`, `y`), `y` being its baseline, in `fill`, bold if asked.
+    /// (Eight arguments: every figure module calls it, and named positions
+    /// read better at those call sites than a style struct built each time.)
+    #[allow(clippy::too_many_arguments)]
     pub fn text_styled(
         &mut self,
         x: f64,
