@@ -54,9 +54,10 @@ fn the_bucket_is_read_and_divided_only_where_the_all_reduce_cannot_overwrite_it(
         for (rank, (own, grad)) in per_rank.iter().enumerate() {
             let got = grad[0];
             let why = if got == sum {
-                "the sum, undivided: your launch_bucket or finish_bucket divided while the all-reduce still \
-                 owned the bucket (after all_reduce_async, before work.wait()), and the sum it delivered at \
-                 the wait overwrote the division. Divide before the all-reduce starts or after the wait"
+                "the sum, undivided: your finish_bucket divided before work.wait() (or a launch_bucket that divided \
+                 after all_reduce_async), while the all-reduce still owned the bucket, and the sum it \
+                 delivered at the wait overwrote the division. Divide before the all-reduce starts or after \
+                 the wait"
             } else if got == *own || got == own / n {
                 "this rank's own gradient: your finish_bucket read the bucket before work.wait() had \
                  delivered the sum. Copy back only after the wait"
