@@ -34,9 +34,11 @@
 #              .venv/bin/torchrun, as the numerical oracle of every DDP stage
 #              and compare the bucket layouts with PyTorch's;
 #              tests/torch_sampler.rs compares the shuffled sampler's shards
-#              with PyTorch's DistributedSampler, and tests/torch_twins.rs
-#              runs each chapter's PyTorch twin, scripts/torch/twins/chNN_*.py,
-#              under torchrun on 2 gloo ranks, one test per script)
+#              with PyTorch's DistributedSampler, tests/torch_checkpoint.rs
+#              moves checkpoints both ways between the workbook and PyTorch's
+#              GPT twin, and tests/torch_twins.rs runs each chapter's PyTorch
+#              twin, scripts/torch/twins/chNN_*.py, under torchrun on 2 gloo
+#              ranks, one test per script)
 #   figures    cargo run --example figures -- --check: every figure of the
 #              book (chapters/figures/) is what examples/figures.rs draws
 #              from the code now; it names each one that differs or is missing

@@ -304,9 +304,12 @@ fn copy_named(saved: &[Named], targets: &[Named]) -> Result<(), String> {
 
 /// Fills every variable of `vs` (parameters and buffers) with the weights
 /// of the checkpoint at `path`: how to use a trained model outside the loop.
+/// `path` may also hold a PyTorch `state_dict` saved with safetensors
+/// (`state_dict.rs`).
 pub fn load_model_weights(vs: &VarStore, path: &Path) -> Result<(), CheckpointError> {
-    let checkpoint = load(path)?;
+    let saved = super::state_dict::model_tensors(path)?;
     let mut variables: Vec<Named> = vs.variables().into_iter().collect();
     variables.sort_by(|a, b| a.0.cmp(&b.0)); // errors name the same variable every time
-    checkpoint.restore_model(path, &variables)
+    copy_named(&saved, &variables)
+        .map_err(|detail| CheckpointError::Invalid { path: path.to_path_buf(), detail })
 }

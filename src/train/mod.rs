@@ -30,6 +30,7 @@ mod replicas;
 mod resume;
 mod run;
 mod saving;
+mod state_dict;
 
 pub use checkpoint::{Checkpoint, CheckpointError, LoopPosition, SaveStep, Setting};
 #[cfg(feature = "nccl")]

@@ -1,6 +1,6 @@
 //! tests/torch/venv.rs: runs the project's PyTorch (`.venv`, made by
 //! scripts/setup.sh) for the tests that compare the workbook with PyTorch:
-//! tests/torch_sampler.rs and tests/torch_twins.rs.
+//! tests/torch_sampler.rs, tests/torch_checkpoint.rs, tests/torch_twins.rs.
 //! Each includes it with `#[path = "torch/venv.rs"] mod venv;`; it is not a
 //! test binary of its own.
 
