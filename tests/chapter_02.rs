@@ -133,7 +133,8 @@ fn a_different_seed_on_one_rank_fails_on_every_rank_promptly() {
             panic!(
                 "rank {rank}: wrapping accepted replicas built from different seeds (rank 1 used {}). \
                  Every rank must return the error, or some ranks go on training alone: \
-                 all_gather every rank's difference and decide from all of them",
+                 let every rank learn what every rank found, and decide from all of it (the chapter's \
+                 \"Decide together\")",
                 SEED + 1
             );
         };
