@@ -7,6 +7,7 @@
 //!      cargo run --example figures -- --check       (compare, write nothing)
 //!      cargo run --example figures -- --only ch01,ch05   (only the figures named so)
 //!      cargo run --example figures -- --check --dir /tmp/copy
+//!      cargo run --example figures -- --only ch05 --stdout   (the SVG on stdout: the notebooks show it)
 //!
 //! `--check` draws every figure in memory and fails naming each one that
 //! differs from the committed file or is missing, and each SVG in the folder
@@ -105,26 +106,28 @@ fn compare(drawn: &[(&'static str, String)], dir: &Path, all: bool) -> anyhow::R
     Ok(problems)
 }
 
-/// The command line: `[--check] [--dir FOLDER] [--only PREFIX[,PREFIX...]]`.
+/// The command line: `[--check | --stdout] [--dir FOLDER] [--only PREFIX[,PREFIX...]]`.
 struct Args {
     check: bool,
+    stdout: bool,
     dir: PathBuf,
     only: Vec<String>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args { check: false, dir: committed_dir(), only: Vec::new() };
+    let mut args = Args { check: false, stdout: false, dir: committed_dir(), only: Vec::new() };
     let mut words = std::env::args().skip(1);
     while let Some(word) = words.next() {
         match word.as_str() {
             "--check" => args.check = true,
+            "--stdout" => args.stdout = true,
             "--dir" => args.dir = PathBuf::from(words.next().context("--dir needs a folder")?),
             "--only" => {
                 let list = words.next().context("--only needs file-name prefixes, e.g. --only ch01,ch05")?;
                 args.only.extend(list.split(',').map(str::to_string));
             }
             _ => anyhow::bail!(
-                "unknown argument `{word}`; the arguments are --check, --dir FOLDER and --only PREFIX[,PREFIX...]"
+                "unknown argument `{word}`; the arguments are --check, --stdout, --dir FOLDER and --only PREFIX[,...]"
             ),
         }
     }
@@ -135,7 +138,10 @@ fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let (drawn, dir) = (draw_all(&args.only)?, &args.dir);
     anyhow::ensure!(!drawn.is_empty(), "no figure's file name starts with {:?}", args.only);
-    if args.check {
+    if args.stdout {
+        // Only the pictures: a notebook shows this output as an image.
+        drawn.iter().for_each(|(_, svg)| print!("{svg}"));
+    } else if args.check {
         let problems = compare(&drawn, dir, args.only.is_empty())?;
         for problem in &problems {
             println!("{problem}");

@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::{ensure, Context};
 
 use crate::chart::{Plot, Scale};
-use crate::svg::{Svg, MUTED, PALETTE, SMALL};
+use crate::svg::{Svg, MUTED, PALETTE};
 use crate::Figure;
 
 pub fn figures() -> Vec<Figure> {
@@ -74,15 +74,8 @@ fn alpha_beta() -> anyhow::Result<String> {
     let min_bytes = points.iter().map(|p| p.bytes).fold(f64::MAX, f64::min);
     let max_bytes = points.iter().map(|p| p.bytes).fold(0.0, f64::max);
 
-    let mut svg = Svg::new(760.0);
-    svg.title("The α–β model against the measured in-process all_reduce");
-    let y = svg.bottom() + 20.0;
-    svg.paragraph(
-        16.0,
-        y,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "The α–β model against the measured in-process all_reduce",
         "Sending n bytes costs α + n·β: a fixed latency α, which dominates small messages (the flat left \
          part), and a time per byte β, which dominates large ones (the slope). Dots: bench_collectives' \
          medians; lines: the model through each world size's smallest and largest message. Both axes logarithmic.",
@@ -127,12 +120,9 @@ fn alpha_beta() -> anyhow::Result<String> {
         Plot::legend(&mut svg, 16.0, y, PALETTE[i], true, &label);
         y += 20.0;
     }
-    let y = svg.paragraph(16.0, y + 6.0, 728.0, SMALL, MUTED, &format!("Measured: {}", notes.join("; ")));
-    svg.paragraph(
-        16.0,
+    let y = svg.note(y + 6.0, MUTED, &format!("Measured: {}", notes.join("; ")));
+    svg.note(
         y + 20.0,
-        728.0,
-        SMALL,
         MUTED,
         "Drawn by `cargo run --example figures` from chapters/figures/data/collectives.tsv. The in-process \
          backend moves bytes through memory, not a network: its α is a thread hand-off, its β memory \

@@ -92,15 +92,8 @@ fn draw(svg: &mut Svg, top: f64, title: &str, sends: &[Vec<(usize, usize)>], arr
 
 fn broadcasts() -> anyhow::Result<String> {
     let (p2p, tree_arrived) = (run(point_to_point)?, run(tree)?);
-    let mut svg = Svg::new(760.0);
-    svg.title("Broadcast on 8 ranks: point to point from the root (7 steps) against a tree (3 steps)");
-    let y = svg.bottom() + 20.0;
-    svg.paragraph(
-        16.0,
-        y,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "Broadcast on 8 ranks: point to point from the root (7 steps) against a tree (3 steps)",
         "Blue: the rank held rank 0's tensor before the step; orange, with a number: it arrived in this step, \
          from that rank; empty: not yet. Point to point, the root sends one message per step. Along the tree, \
          every rank that has the tensor sends it on, so the number of holders doubles every step.",
@@ -109,11 +102,8 @@ fn broadcasts() -> anyhow::Result<String> {
     draw(&mut svg, top, "Point to point from the root: N − 1 = 7 steps", &point_to_point(), &p2p);
     let top = svg.bottom() + 30.0;
     draw(&mut svg, top, "Along a tree: ⌈log₂ N⌉ = 3 steps", &tree(), &tree_arrived);
-    svg.paragraph(
-        16.0,
+    svg.note(
         svg.bottom() + 26.0,
-        728.0,
-        SMALL,
         MUTED,
         "Drawn by `cargo run --example figures`: both schedules run with send and recv on 8 in-process ranks; \
          each rank records the step its tensor arrived in, and checks that it holds the root's values.",

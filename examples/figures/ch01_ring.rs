@@ -208,15 +208,8 @@ fn draw_phase(svg: &mut Svg, mut y: f64, title: &str, views: &[&(Vec<Seen>, Vec<
 
 fn ring() -> anyhow::Result<String> {
     let ranks = run_ring()?;
-    let mut svg = Svg::new(760.0);
-    svg.title("The ring all-reduce on 4 ranks, step by step: who holds which part of which chunk");
-    let y = svg.bottom() + 20.0;
-    svg.paragraph(
-        16.0,
-        y,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "The ring all-reduce on 4 ranks, step by step: who holds which part of which chunk",
         "Each rank's buffer is cut into chunks A to D. A chunk is a column of four cells, one per rank, \
          filled in that rank's colour once its contribution is in the sum; outlined heavily when complete. \
          Every step, every rank sends one chunk to its right neighbour (rank + 1) and receives one from its left.",
@@ -226,11 +219,8 @@ fn ring() -> anyhow::Result<String> {
     let y = svg.bottom() + 16.0;
     let y = draw_phase(&mut svg, y, "Phase 1, reduce-scatter: add what arrives into your own copy", &reduce);
     let y = draw_phase(&mut svg, y + 8.0, "Phase 2, all-gather: overwrite with the complete chunk", &gather);
-    svg.paragraph(
-        16.0,
+    svg.note(
         y + 8.0,
-        728.0,
-        SMALL,
         MUTED,
         "Drawn by `cargo run --example figures` from a real run of chapter 1's reference ring \
          (ch01_collectives::solution) on 4 in-process ranks, its chunks read before every step.",

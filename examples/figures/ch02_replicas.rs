@@ -14,7 +14,7 @@ use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::{self, Kind, Tensor};
 
 use crate::chart::{Plot, Scale};
-use crate::svg::{Svg, INK, MUTED, PALETTE, SMALL};
+use crate::svg::{Svg, INK, MUTED, PALETTE};
 use crate::Figure;
 
 pub fn figures() -> Vec<Figure> {
@@ -85,15 +85,8 @@ fn replicas() -> anyhow::Result<String> {
     let same = alike[0].weights == alike[1].weights;
     anyhow::ensure!(same, "the replicas built from one seed drifted apart");
 
-    let mut svg = Svg::new(760.0);
-    svg.title("Replicas from different seeds never come together, and nothing looks wrong");
-    let y = svg.bottom() + 20.0;
-    svg.paragraph(
-        16.0,
-        y,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "Replicas from different seeds never come together, and nothing looks wrong",
         "Two ranks train the same MLP with averaged gradients (one all-reduce per parameter) and SGD, each on \
          its own half of one data set. Built from seeds 0 and 1, both apply the same averaged update to \
          different weights: the gap between them stays what it was at the start, while each rank's loss goes \
@@ -136,11 +129,8 @@ fn replicas() -> anyhow::Result<String> {
         Ok(()) => "passes".to_string(),
         Err(error) => format!("refuses: \"{}\"", error.split(" (").next().unwrap_or_default()),
     };
-    let y = svg.paragraph(
-        16.0,
+    let y = svg.note(
         y + 46.0,
-        728.0,
-        SMALL,
         INK,
         &format!(
             "At construction, verify_replicas on seed 0 {}; on seeds 0 and 1 it {}.",
@@ -148,11 +138,8 @@ fn replicas() -> anyhow::Result<String> {
             verdict(&apart)
         ),
     );
-    svg.paragraph(
-        16.0,
+    svg.note(
         y + 24.0,
-        728.0,
-        SMALL,
         MUTED,
         "Drawn by `cargo run --example figures` from a run on 2 in-process ranks: Mlp::seeded, \
          ddp::naive::sync_gradients, SGD (lr 0.1), ddp::verify_replicas.",

@@ -83,15 +83,8 @@ fn no_sync_timeline() -> anyhow::Result<String> {
     let (every, buckets) = all_reduces_per_backward(false)?;
     let (last_only, _) = all_reduces_per_backward(true)?;
     let per_sync = every.iter().copied().max().unwrap_or(0);
-    let mut svg = Svg::new(760.0);
-    svg.title("One optimizer step of 4 micro-batches: which backward syncs");
-    let y = svg.bottom() + 20.0;
-    svg.paragraph(
-        16.0,
-        y,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "One optimizer step of 4 micro-batches: which backward syncs",
         &format!(
             "Counted on rank 0 of a real run on 2 ranks: the all-reduces (AR) each backward sent. A backward \
              that syncs sends {per_sync}: one per bucket ({buckets}: the MLP with caps of 1 KiB and 128 B) and \
@@ -105,11 +98,8 @@ fn no_sync_timeline() -> anyhow::Result<String> {
     let y = draw_lane(&mut svg, y, "Without no_sync: every backward averages its gradients", &every);
     draw_lane(&mut svg, y, "With no_sync around the first three backwards: one sync per step", &last_only);
     let y = svg.bottom() + 22.0;
-    svg.paragraph(
-        16.0,
+    svg.note(
         y,
-        728.0,
-        SMALL,
         MUTED,
         "Drawn by `cargo run --example figures` from SimpleDistributedDataParallelism::backward and no_sync, \
          counting ProcessGroup::stats().all_reduce around each backward.",

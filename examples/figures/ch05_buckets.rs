@@ -34,20 +34,13 @@ fn gpt_buckets() -> anyhow::Result<String> {
     let buckets = plan_buckets(&metas, CAPS.cap_bytes, CAPS.first_cap_bytes);
     let total: usize = metas.iter().map(ParamMeta::bytes).sum();
 
-    let mut svg = Svg::new(760.0);
-    svg.title(&format!(
-        "The tiny GPT's {} gradients ({}) in {} buckets, from plan_buckets (cap 16 KiB, first cap 4 KiB)",
-        metas.len(),
-        kib(total),
-        buckets.len()
-    ));
-    let y = svg.bottom() + 20.0;
-    svg.paragraph(
-        16.0,
-        y,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        &format!(
+            "The tiny GPT's {} gradients ({}) in {} buckets, from plan_buckets (cap 16 KiB, first cap 4 KiB)",
+            metas.len(),
+            kib(total),
+            buckets.len()
+        ),
         "Backward produces the last layer's gradients first, so bucket 0 holds them and leaves first. \
          Bars to scale; the dashed box is the bucket's cap.",
     );
@@ -76,21 +69,15 @@ fn gpt_buckets() -> anyhow::Result<String> {
         y = last + 14.0;
     }
     let y = svg.bottom() + 22.0;
-    let y = svg.paragraph(
-        16.0,
+    let y = svg.note(
         y,
-        728.0,
-        SMALL,
         MUTED,
         "A gradient larger than the cap travels alone, and closes the bucket before it as it is. \
          The first bucket's cap is a quarter of the others', so it fills, and can leave, early in backward. \
          With PyTorch's caps (25 MiB, first 1 MiB) the whole model is one bucket.",
     );
-    svg.paragraph(
-        16.0,
+    svg.note(
         y + 20.0,
-        728.0,
-        SMALL,
         MUTED,
         "Drawn by `cargo run --example figures` from ddp::plan_buckets on Gpt::seeded(0, GptConfig::tiny()).",
     );

@@ -95,17 +95,10 @@ fn draw_epoch(svg: &mut Svg, y: f64, label: &str, epoch: &Epoch) -> anyhow::Resu
 }
 
 fn shards() -> anyhow::Result<String> {
-    let mut svg = Svg::new(760.0);
-    svg.title(&format!(
+    let mut svg = Svg::headed(
+        &format!(
         "DistributedSampler: {DATASET_LEN} examples on {RANKS} ranks, shuffled from seed {SEED}, two epochs"
-    ));
-    let y = svg.bottom() + 20.0;
-    svg.paragraph(
-        16.0,
-        y,
-        728.0,
-        SMALL,
-        MUTED,
+    ),
         "Each strip is one epoch's order, the same on every rank; slot j goes to rank j mod 3 (its colour). \
          set_epoch reshuffles. Bold in a dashed box: padding, the order's start again, so that every rank \
          gets as many; grey, struck out: dropped.",
@@ -124,11 +117,8 @@ fn shards() -> anyhow::Result<String> {
         }
         y += 8.0;
     }
-    svg.paragraph(
-        16.0,
+    svg.note(
         y + 10.0,
-        728.0,
-        SMALL,
         MUTED,
         "Drawn by `cargo run --example figures` from DistributedSampler::with_options(10, 3, rank, \
          SamplerOptions { shuffle: true, seed: 0, drop_last }), set_epoch, indices and epoch_order.",

@@ -233,6 +233,23 @@ impl Svg {
         y + size * 1.35 * (lines.len().max(1) - 1) as f64
     }
 
+    /// A paragraph at the left margin, as wide as the figure allows, in the
+    /// small size: a figure's introduction, notes and caption.
+    pub fn note(&mut self, y: f64, fill: &str, text: &str) -> f64 {
+        let width = self.width - 32.0;
+        self.paragraph(16.0, y, width, SMALL, fill, text)
+    }
+
+    /// A new figure, 760 px wide, with its title and, under it, a muted
+    /// introduction that says how to read it.
+    pub fn headed(title: &str, intro: &str) -> Svg {
+        let mut svg = Svg::new(760.0);
+        svg.title(title);
+        let y = svg.bottom() + 20.0;
+        svg.note(y, MUTED, intro);
+        svg
+    }
+
     /// The finished document: the background, as tall as what was drawn
     /// plus a margin, under everything drawn.
     pub fn finish(self) -> String {
