@@ -22,15 +22,12 @@ model = twin.mlp(seed=0)  # the same seed on every rank: equal replicas
 # ANCHOR_END: init
 optimizer = torch.optim.SGD(model.parameters(), lr=twin.LR)
 
-x, y = twin.regression(STEPS * ROWS_PER_RANK * world_size)
-global_batches = list(zip(x.chunk(STEPS), y.chunk(STEPS)))
-reference = twin.one_process(global_batches)
+batches, reference = twin.rank_batches(STEPS, ROWS_PER_RANK)  # this rank's rows, and one process on all
 
 largest = 0.0
-for step, (gx, gy) in enumerate(global_batches):
-    mine = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)  # this rank's rows
+for step, (bx, by) in enumerate(batches):
     optimizer.zero_grad()
-    twin.mse(model, gx[mine], gy[mine]).backward()  # the mean over this rank's rows
+    twin.mse(model, bx, by).backward()  # the mean over this rank's rows
     # ANCHOR: average
     for param in model.parameters():
         dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)  # every rank gets the sum

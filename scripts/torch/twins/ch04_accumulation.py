@@ -25,10 +25,7 @@ ddp = DDP(twin.mlp(seed=0))  # broadcasts rank 0's weights, registers a hook per
 optimizer = torch.optim.SGD(ddp.parameters(), lr=twin.LR)
 # ANCHOR_END: wrap
 
-rows_per_rank = MICRO_BATCHES * MICRO_ROWS
-x, y = twin.regression(STEPS * rows_per_rank * world_size)
-global_batches = list(zip(x.chunk(STEPS), y.chunk(STEPS)))
-reference = twin.one_process(global_batches)
+batches, reference = twin.rank_batches(STEPS, MICRO_BATCHES * MICRO_ROWS)  # this rank's rows, one process on all
 
 
 def gradients_differ_between_ranks():
@@ -39,9 +36,8 @@ def gradients_differ_between_ranks():
 
 
 largest = 0.0
-for step, (gx, gy) in enumerate(global_batches):
-    mine = slice(rank * rows_per_rank, (rank + 1) * rows_per_rank)
-    micro_batches = list(zip(gx[mine].chunk(MICRO_BATCHES), gy[mine].chunk(MICRO_BATCHES)))
+for step, (bx, by) in enumerate(batches):
+    micro_batches = list(zip(bx.chunk(MICRO_BATCHES), by.chunk(MICRO_BATCHES)))
     # ANCHOR: accumulate
     with ddp.no_sync():  # backward only accumulates into .grad; no all-reduce
         for mx, my in micro_batches[:-1]:

@@ -22,10 +22,8 @@ import twin
 STEPS, ROWS_PER_RANK = 3, 6
 
 dist.init_process_group("gloo", init_method="env://")
-rank, world_size = dist.get_rank(), dist.get_world_size()
-x, y = twin.regression(STEPS * ROWS_PER_RANK * world_size)
-global_batches = list(zip(x.chunk(STEPS), y.chunk(STEPS)))
-reference = twin.one_process(global_batches)
+world_size = dist.get_world_size()
+batches, reference = twin.rank_batches(STEPS, ROWS_PER_RANK)  # this rank's rows, and one process on all
 
 results = []
 for cap_mb in (None, 0.001):
@@ -37,10 +35,9 @@ for cap_mb in (None, 0.001):
     # ANCHOR_END: buckets
     optimizer = torch.optim.SGD(ddp.parameters(), lr=twin.LR)
     largest = 0.0
-    for step, (gx, gy) in enumerate(global_batches):
-        mine = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
+    for step, (bx, by) in enumerate(batches):
         optimizer.zero_grad()
-        twin.mse(ddp, gx[mine], gy[mine]).backward()  # each full bucket is all-reduced (averaged) in backward
+        twin.mse(ddp, bx, by).backward()  # each full bucket is all-reduced (averaged) in backward
         optimizer.step()
         what = f"cap {cap_mb} MB, step {step + 1}"
         twin.check_replicas_equal(what, ddp.parameters())

@@ -22,10 +22,8 @@ import twin
 STEPS, ROWS_PER_RANK = 3, 6
 
 dist.init_process_group("gloo", init_method="env://")
-rank, world_size = dist.get_rank(), dist.get_world_size()
-x, y = twin.regression(STEPS * ROWS_PER_RANK * world_size)
-global_batches = list(zip(x.chunk(STEPS), y.chunk(STEPS)))
-reference = twin.one_process(global_batches)
+world_size = dist.get_world_size()
+batches, reference = twin.rank_batches(STEPS, ROWS_PER_RANK)  # this rank's rows, and one process on all
 
 ddp = DDP(twin.mlp(seed=0), bucket_cap_mb=0.001)  # 2 buckets from step 2: layers 2 and 1, then layer 0
 optimizer = torch.optim.SGD(ddp.parameters(), lr=twin.LR)
@@ -45,11 +43,10 @@ ddp.module.layers[0].weight.register_post_accumulate_grad_hook(
     lambda _: events.append("layers.0.weight's gradient ready"))
 
 largest = 0.0
-for step, (gx, gy) in enumerate(global_batches):
-    mine = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
+for step, (bx, by) in enumerate(batches):
     events.clear()
     optimizer.zero_grad()
-    twin.mse(ddp, gx[mine], gy[mine]).backward()  # returns once every bucket's future completed
+    twin.mse(ddp, bx, by).backward()  # returns once every bucket's future completed
     optimizer.step()
     what = f"step {step + 1}"
     twin.check_replicas_equal(what, ddp.parameters())

@@ -67,6 +67,17 @@ def one_process(batches):
     return [reference.step(x, y) for x, y in batches]
 
 
+def rank_batches(steps, rows_per_rank):
+    """For `steps` steps: this rank's rows of each global batch, as (x, y),
+    and one process's parameters after training on each whole global batch
+    (the ranks' rows together, in rank order)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    x, y = regression(steps * rows_per_rank * world_size)
+    global_batches = list(zip(x.chunk(steps), y.chunk(steps)))
+    mine = slice(rank * rows_per_rank, (rank + 1) * rows_per_rank)
+    return [(gx[mine], gy[mine]) for gx, gy in global_batches], one_process(global_batches)
+
+
 def largest_difference(params, reference):
     return max((p.detach() - r).abs().max().item() for p, r in zip(params, reference))
 
