@@ -8,16 +8,21 @@
 //! exercise does: `support/copying_steps.rs`), each without and
 //! with a simulated link (50 µs, 10 Gbit/s by default). Prints the medians,
 //! how much of the bucketed sync's communication time overlap hid, and what
-//! keeping gradients as views saves.
+//! keeping gradients as views saves. `--timeline` adds one overlapped step
+//! as it happened on each rank, without and with the link: forward,
+//! backward, each bucket's launch and completion, the wait after backward
+//! (printed as a table, and with `--timeline-data FILE` written to a file,
+//! which chapter 6's figure draws: `cargo run --example figures`).
 //!
 //! Run: cargo run --release --example bench_overlap
 //!      cargo run --release --example bench_overlap -- --steps 40 --latency-us 200 --gbit 1 --timeline
+//!      cargo run --release --example bench_overlap -- --timeline --timeline-data chapters/figures/data/overlap_timeline.tsv
 
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
-use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, OverlappedBuckets};
+use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, Named, OverlappedBuckets};
 use ddp_workbook::dist::{spawn_with, tagged, Group, SimulatedLink, SpawnOptions};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::Module;
@@ -27,7 +32,12 @@ use ddp_workbook::tch::{self, Kind};
 mod copying_steps;
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/overlap_timeline.rs"]
+mod overlap_timeline;
+#[path = "support/timed_group.rs"]
+mod timed_group;
 use machine::load_average;
+use overlap_timeline::{record_timeline, timeline_data, timeline_table};
 
 #[derive(Parser)]
 #[command(
@@ -52,9 +62,13 @@ struct Args {
     /// Small, because what stays exposed is the last bucket backward fills.
     #[arg(long, default_value_t = 16)]
     bucket_kib: usize,
-    /// Also print when each bucket left in the last overlapped step.
+    /// Also record one overlapped step on each rank, without and with the
+    /// link, and print when each bucket left and completed.
     #[arg(long)]
     timeline: bool,
+    /// With --timeline: also write that step's timeline to this tab-separated file.
+    #[arg(long, requires = "timeline")]
+    timeline_data: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -67,30 +81,38 @@ enum Sync {
     OverlappedCopying,
 }
 
+/// The tiny GPT of every case (the same seed on every rank), its task, its
+/// parameters and the bucket caps of `--bucket-kib`.
+fn tiny_gpt(args: &Args) -> (TokenTask, Gpt, Vec<Named>, BucketCaps) {
+    let task = TokenTask::standard(1, 512);
+    let config = GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
+    let (vs, gpt) = Gpt::seeded(1, &config, Kind::Float);
+    let cap = args.bucket_kib * 1024;
+    (task, gpt, named_parameters(&vs), BucketCaps { cap_bytes: cap, first_cap_bytes: cap / 4 })
+}
+
+/// Step `step`'s batch for `rank`: 16 sequences, different on every rank.
+fn batch_of(task: &TokenTask, step: usize, rank: usize) -> (tch::Tensor, tch::Tensor, tch::Tensor) {
+    task.batch((step * 32 + rank * 16) as i64 % 480, 16)
+}
+
 /// The step times (forward, backward, sync) for `sync`, from the barrier
 /// that starts a step to the moment the last rank's sync ends; the times
 /// from the end of the last rank's backward to that moment (the
 /// communication left exposed: a rank that finished backward early waits
-/// for the last one in any sync, so that wait is not counted); and the
-/// timeline if asked for.
+/// for the last one in any sync, so that wait is not counted).
 fn measure(
     sync: Sync,
     link: Option<SimulatedLink>,
     args: &Args,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, Option<String>)> {
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
     let mut options = SpawnOptions::new(2);
     if let Some(link) = link {
         options = options.link(link);
     }
     let per_rank = spawn_with(options, |pg: Group| {
         tch::set_num_threads(1);
-        let task = TokenTask::standard(1, 512);
-        let config =
-            GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
-        let (vs, gpt) = Gpt::seeded(1, &config, Kind::Float);
-        let params = named_parameters(&vs);
-        let cap = args.bucket_kib * 1024;
-        let caps = BucketCaps { cap_bytes: cap, first_cap_bytes: cap / 4 };
+        let (task, gpt, params, caps) = tiny_gpt(args);
         let buckets = GradientBuckets::plan(pg.as_ref(), &params, caps)?;
         let planned = || GradientBuckets::plan(pg.as_ref(), &params, caps);
         let overlapped = match sync {
@@ -103,9 +125,9 @@ fn measure(
             )?),
             _ => None,
         };
-        let (mut times, mut timeline) = (vec![], None);
+        let mut times = vec![];
         for step in 0..args.steps + 3 {
-            let (inputs, targets, mask) = task.batch((step * 32 + pg.rank() * 16) as i64 % 480, 16);
+            let (inputs, targets, mask) = batch_of(&task, step, pg.rank());
             for (_, p) in &params {
                 let _ = p.grad().defined().then(|| p.grad().zero_());
             }
@@ -123,10 +145,6 @@ fn measure(
                 (Sync::Bucketed, _) => tagged(tag, || buckets.sync(pg.as_ref(), &params))?,
                 (Sync::Overlapped | Sync::OverlappedCopying, Some(o)) => {
                     o.finish(false, Ok(()))?;
-                    let last = step == args.steps + 2 && sync == Sync::Overlapped;
-                    if args.timeline && pg.rank() == 0 && link.is_some() && last {
-                        timeline = Some(timeline_of(o, started));
-                    }
                 }
                 (_, None) => unreachable!("the overlapped syncs have their buckets"),
             }
@@ -134,38 +152,18 @@ fn measure(
                 times.push((started, backward_ended, Instant::now()));
             }
         }
-        Ok((times, timeline))
+        Ok(times)
     })?;
-    let timeline = per_rank.iter().find_map(|(_, shown)| shown.clone());
     let (mut steps, mut after_backward) = (vec![], vec![]);
     for step in 0..args.steps {
-        let times = || per_rank.iter().map(|(times, _)| times[step]);
+        let times = || per_rank.iter().map(|times| times[step]);
         let started = times().map(|t| t.0).min().expect("ranks");
         let backward_ended = times().map(|t| t.1).max().expect("ranks");
         let synced = times().map(|t| t.2).max().expect("ranks");
         steps.push(synced - started);
         after_backward.push(synced.saturating_duration_since(backward_ended));
     }
-    Ok((steps, after_backward, timeline))
-}
-
-/// When each bucket left in the last step, from the step's start and against
-/// the end of backward, with its size: a Markdown table.
-fn timeline_of(overlapped: &OverlappedBuckets, started: Instant) -> String {
-    let record = overlapped.last_step();
-    let layout = overlapped.layout();
-    let since_start = |at: Instant| at.duration_since(started).as_secs_f64() * 1e3;
-    let ended = since_start(record.backward_ended.expect("a synced step"));
-    let mut table = format!(
-        "Rank 0's last overlapped step with the link: forward + backward took {ended:.2} ms.\n\n\
-         | bucket | bytes | left at | before backward ended | gradients ready |\n| ---: | ---: | ---: | ---: | ---: |\n"
-    );
-    for launch in &record.launches {
-        let (bytes, at) = (layout[launch.bucket].bytes(), since_start(launch.at));
-        let ready = launch.gradients_ready;
-        table += &format!("| {} | {bytes} | {at:.2} ms | {:.2} ms | {ready} |\n", launch.bucket, ended - at);
-    }
-    table
+    Ok((steps, after_backward))
 }
 
 /// The bytes of all the tiny GPT's gradients (one per parameter element).
@@ -175,6 +173,9 @@ fn gradient_bytes() -> usize {
     let (vs, _) = Gpt::seeded(1, &config, Kind::Float);
     named_parameters(&vs).iter().map(|(_, p)| p.numel() * p.kind().elt_size_in_bytes()).sum()
 }
+
+/// The timeline's warm-up steps, then the steps it picks the fastest of.
+const TIMELINE_STEPS: (usize, usize) = (5, 100);
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -208,14 +209,12 @@ fn main() -> anyhow::Result<()> {
     const SYNCS: [Sync; 4] = [Sync::Naive, Sync::Bucketed, Sync::Overlapped, Sync::OverlappedCopying];
     // samples[case][link on][step time, after backward]
     let mut samples = vec![[[vec![], vec![]], [vec![], vec![]]]; SYNCS.len()];
-    let mut timeline = None;
     for _round in 0..args.rounds {
         for (case, &sync) in SYNCS.iter().enumerate() {
             for (linked, link) in [None, Some(link)].into_iter().enumerate() {
-                let (steps, after, shown) = measure(sync, link, &args)?;
+                let (steps, after) = measure(sync, link, &args)?;
                 samples[case][linked][0].extend(steps);
                 samples[case][linked][1].extend(after);
-                timeline = shown.or(timeline);
             }
         }
     }
@@ -233,12 +232,19 @@ fn main() -> anyhow::Result<()> {
     let communication = bucketed.3.saturating_sub(bucketed.2);
     let exposed = overlapped.3.saturating_sub(overlapped.2);
     let hidden = 1.0 - exposed.as_secs_f64() / communication.as_secs_f64().max(1e-9);
+    let verdict = if exposed < communication {
+        format!("{:.0}% of the communication time hidden", 100.0 * hidden)
+    } else {
+        // Other work on the machine moved the medians more than the link
+        // did: a share computed from them would be noise, or negative.
+        "the machine's other work moved these medians more than the link did, so no share of hidden \
+         time can be read from them: run again on a quieter machine, or with more --steps and --rounds"
+            .to_string()
+    };
     println!(
-        "\nAfter backward, the link adds {} to the bucketed sync and {} to the overlapped one: \
-         {:.0}% of the communication time hidden.",
+        "\nAfter backward, the link adds {} to the bucketed sync and {} to the overlapped one: {verdict}.",
         ms(communication),
         ms(exposed),
-        100.0 * hidden
     );
     // Views: the buckets are the gradients. Copies: gradients and buckets.
     let gradient_bytes = gradient_bytes();
@@ -251,9 +257,30 @@ fn main() -> anyhow::Result<()> {
         2.0 * gradient_bytes as f64 / 1024.0,
         saved * 1e3
     );
-    if let Some(timeline) = timeline {
-        println!("\n{timeline}");
+    if args.timeline {
+        let model = || tiny_gpt(&args);
+        let plain = record_timeline(None, TIMELINE_STEPS, &model, batch_of)?;
+        let linked = record_timeline(Some(link), TIMELINE_STEPS, &model, batch_of)?;
+        println!("\n{}", timeline_table(&linked[0], "with the link"));
+        let load_after = load_average();
+        println!("load average before: {load_before}, after: {load_after}");
+        if let Some(path) = &args.timeline_data {
+            let command = format!(
+                "cargo run --release --example bench_overlap -- --steps {} --rounds {} --bucket-kib {} \
+                 --latency-us {} --gbit {} --timeline",
+                args.steps, args.rounds, args.bucket_kib, args.latency_us, args.gbit
+            );
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let about = format!(
+                "# command\t{command}\n# cores\t{cores}\n# load_before\t{load_before}\n# load_after\t{load_after}\n\
+                 # bucket_kib\t{}\n# latency_us\t{}\n# gbit\t{}\n",
+                args.bucket_kib, args.latency_us, args.gbit
+            );
+            std::fs::write(path, timeline_data([&plain, &linked], &about))?;
+            println!("wrote {}", path.display());
+        }
+    } else {
+        println!("load average before: {load_before}, after: {}", load_average());
     }
-    println!("load average before: {load_before}, after: {}", load_average());
     Ok(())
 }

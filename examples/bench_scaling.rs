@@ -2,10 +2,14 @@
 //! same global batch (64 sequences per step), in alternating rounds: tokens
 //! per second, the speed against one rank, and where a step's time goes
 //! (data, forward, backward, gradient sync, optimizer). Prints two Markdown
-//! tables; chapter 8 explains them.
+//! tables; chapter 8 explains them. With `--data FILE` it also writes rank
+//! 0's milliseconds per step in each phase, for each world size, with the
+//! machine and its load (tab-separated), which chapter 8's figure draws
+//! (`cargo run --example figures`).
 //!
 //! Run: cargo run --release --example bench_scaling
 //!      cargo run --release --example bench_scaling -- --rounds 5 --steps 300
+//!      cargo run --release --example bench_scaling -- --data chapters/figures/data/scaling.tsv
 //!
 //! Each rank gets cores / ranks libtorch threads (at least one), as the
 //! training example does; 4 ranks on a 2-core machine oversubscribe it.
@@ -31,6 +35,10 @@ struct Args {
     /// World sizes, comma-separated; each must divide 32 (64 sequences, 2 micro-batches).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4])]
     world_sizes: Vec<usize>,
+    /// Also write rank 0's phases per step (median round of each world size),
+    /// the machine and its load to this tab-separated file, for the book's figure.
+    #[arg(long)]
+    data: Option<std::path::PathBuf>,
 }
 
 const GLOBAL_BATCH: usize = 64;
@@ -101,6 +109,8 @@ fn main() -> anyhow::Result<()> {
             100.0 * sync
         );
     }
+    // Rank 0's milliseconds per step in each phase, one row per world size.
+    let mut rows = vec![];
     println!("\nWhere rank 0's step time goes (the median round of each):\n");
     println!("| ranks | data | forward | backward | gradient sync | optimizer |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
@@ -115,7 +125,34 @@ fn main() -> anyhow::Result<()> {
             share(p.sync, t),
             share(p.optimizer, t)
         );
+        let per_step = |d: Duration| 1e3 * d.as_secs_f64() / rank0.last_step as f64;
+        rows.push(format!(
+            "{world_size}\t{}\t{:.0}\t{:.3}\t{:.3}\t{:.3}\t{:.3}\t{:.3}\n",
+            default_threads_per_rank(world_size),
+            rank0.tokens_per_second,
+            per_step(p.data),
+            per_step(p.forward),
+            per_step(p.backward),
+            per_step(p.sync),
+            per_step(p.optimizer)
+        ));
     }
-    println!("\nload average before: {load_before}, after: {}", load_average());
+    let load_after = load_average();
+    println!("\nload average before: {load_before}, after: {load_after}");
+    if let Some(path) = &args.data {
+        let command = format!(
+            "cargo run --release --example bench_scaling -- --rounds {} --steps {} --world-sizes {}",
+            args.rounds,
+            args.steps,
+            args.world_sizes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(",")
+        );
+        let about = format!(
+            "# command\t{command}\n# cores\t{cores}\n# load_before\t{load_before}\n# load_after\t{load_after}\n\
+             # global_batch\t{GLOBAL_BATCH}\n"
+        );
+        let header = "ranks\tthreads_per_rank\ttokens_per_second\tdata\tforward\tbackward\tsync\toptimizer\n";
+        std::fs::write(path, about + header + &rows.concat())?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }

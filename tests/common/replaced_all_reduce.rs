@@ -2,22 +2,27 @@
 //! every call goes to the real group, except `all_reduce_async` (and so the
 //! blocking `all_reduce`, which waits on it), which the test supplies.
 //! Chapter 6's `waiting.rs` delivers the sum only at the wait; `tests/train.rs`
-//! makes every all-reduce do nothing.
+//! makes every all-reduce do nothing; `bench_overlap --timeline` notes when
+//! each one completed (`examples/support/timed_group.rs` includes this file).
 
 use ddp_workbook::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::Tensor;
 
 /// What replaces the real group's `all_reduce_async`; it gets that group.
+/// A closure with state of its own does too (any `F` below).
 pub type AllReduceAsync = fn(&Group, &Tensor, ReduceOp) -> Result<Work, DistError>;
 
-pub struct ReplacedAllReduce {
+pub struct ReplacedAllReduce<F = AllReduceAsync> {
     pub inner: Group,
     /// What `backend()` says, for error messages.
     pub name: &'static str,
-    pub all_reduce_async: AllReduceAsync,
+    pub all_reduce_async: F,
 }
 
-impl ProcessGroup for ReplacedAllReduce {
+impl<F> ProcessGroup for ReplacedAllReduce<F>
+where
+    F: Fn(&Group, &Tensor, ReduceOp) -> Result<Work, DistError> + Send + Sync,
+{
     fn rank(&self) -> usize {
         self.inner.rank()
     }
