@@ -28,6 +28,8 @@ mod chart;
 #[allow(dead_code)] // shared by every figure module, none of which uses every shape
 #[path = "figures/svg.rs"]
 mod svg;
+#[path = "figures/timed_data.rs"]
+mod timed_data;
 
 /// One figure of the book: its file name under `chapters/figures/` and the
 /// function that draws it, from the code path it shows.
@@ -57,7 +59,10 @@ figure_modules! {
     ch02_replicas => "figures/ch02_replicas.rs",
     ch04_no_sync => "figures/ch04_no_sync.rs",
     ch05_buckets => "figures/ch05_buckets.rs",
+    ch06_timeline => "figures/ch06_timeline.rs",
     ch07_shards => "figures/ch07_shards.rs",
+    ch08_training => "figures/ch08_training.rs",
+    ch09_ch10_diagrams => "figures/ch09_ch10_diagrams.rs",
 }
 
 /// What rewrites the figures, for the messages of `--check`.
