@@ -65,7 +65,7 @@ pub use layout::{
 pub use no_sync::{NoSyncGuard, SyncSwitch};
 pub use overlap::{mark_ready, BucketProgress, OverlappedBuckets};
 pub use overlap_record::{Launch, StepRecord};
-pub use replicas::{check_same_structure, verify_replicas, InitError};
+pub use replicas::{check_same_structure, verified_tensors, verify_replicas, InitError};
 pub use replicated::Replicated;
 pub use sampler::{epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler};
 pub use sampler_options::{SamplerError, SamplerOptions};

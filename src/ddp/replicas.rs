@@ -160,7 +160,7 @@ pub type ReplicaCheck = fn(&dyn ProcessGroup, &[Named]) -> Result<(), InitError>
 /// The parameters (registration order) and buffers (by name) of `vs`, once
 /// [`check_same_structure`] and `check` have shown that every rank holds
 /// bitwise the same ones.
-pub(crate) fn verified_tensors(
+pub fn verified_tensors(
     vs: &nn::VarStore,
     pg: &dyn ProcessGroup,
     check: ReplicaCheck,
