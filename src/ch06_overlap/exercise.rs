@@ -27,7 +27,7 @@ use crate::dist::{DistError, ProcessGroup, Work};
 pub fn mark_ready(progress: &mut BucketProgress, param: usize) -> Vec<usize> {
     // TODO: the bookkeeping of one backward pass. `progress` knows, for each
     // parameter, its bucket and whether it is ready; for each bucket, how
-    // many members it still waits for; and the next bucket to leave.
+    // many members it still waits for, and whether you have returned it.
     // Keep: each bucket returned once per pass; a parameter marked twice
     // counts once; nothing here may depend on anything but `progress` and
     // `param` (every rank runs it on its own hooks, without talking).

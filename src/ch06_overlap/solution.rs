@@ -31,11 +31,14 @@ pub fn mark_ready(progress: &mut BucketProgress, param: usize) -> Vec<usize> {
     // of every rank must be bucket k, and the hooks may complete bucket 2
     // before bucket 1 on one rank and after it on another. So a complete
     // bucket waits until every bucket before it has left, and then leaves
-    // at once, with it.
+    // at once, with it. The buckets launched so far are always the first
+    // ones: the next to leave is the first not launched.
+    let mut next = progress.launched.iter().take_while(|&&launched| launched).count();
     let mut leaving = vec![];
-    while progress.next_bucket < progress.pending.len() && progress.pending[progress.next_bucket] == 0 {
-        leaving.push(progress.next_bucket);
-        progress.next_bucket += 1;
+    while next < progress.pending.len() && progress.pending[next] == 0 {
+        progress.launched[next] = true;
+        leaving.push(next);
+        next += 1;
     }
     leaving
 }

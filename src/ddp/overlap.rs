@@ -54,8 +54,7 @@ impl BucketSteps for LibrarySteps {}
 
 // ANCHOR: progress
 /// Where one backward pass stands: which gradients are ready, how many each
-/// bucket still waits for, and which bucket leaves next. Buckets leave in
-/// bucket order, on every rank, because collectives pair up by their order.
+/// bucket still waits for, and which buckets have been handed out to leave.
 #[derive(Clone, Debug)]
 pub struct BucketProgress {
     /// For each parameter (registration index), the bucket it belongs to.
@@ -64,8 +63,8 @@ pub struct BucketProgress {
     pub pending: Vec<usize>,
     /// For each parameter, whether its gradient is ready in this pass.
     pub ready: Vec<bool>,
-    /// The first bucket that has not been launched yet.
-    pub next_bucket: usize,
+    /// For each bucket, whether `mark_ready` has returned it in this pass.
+    pub launched: Vec<bool>,
 }
 // ANCHOR_END: progress
 
@@ -77,7 +76,8 @@ impl BucketProgress {
             bucket.params.iter().for_each(|&p| bucket_of[p] = b);
         }
         let pending = layout.iter().map(|b| b.params.len()).collect();
-        BucketProgress { bucket_of, pending, ready: vec![false; param_count], next_bucket: 0 }
+        let (ready, launched) = (vec![false; param_count], vec![false; layout.len()]);
+        BucketProgress { bucket_of, pending, ready, launched }
     }
 
     /// Back to nothing ready, for the next pass over the same `layout`
@@ -85,7 +85,7 @@ impl BucketProgress {
     pub fn reset(&mut self, layout: &[Bucket]) {
         self.pending.iter_mut().zip(layout).for_each(|(pending, b)| *pending = b.params.len());
         self.ready.iter_mut().for_each(|r| *r = false);
-        self.next_bucket = 0;
+        self.launched.iter_mut().for_each(|l| *l = false);
     }
 
     /// The parameters not marked ready in this pass.
@@ -97,19 +97,21 @@ impl BucketProgress {
 // ANCHOR: mark_ready
 /// A gradient-ready hook says that parameter `param`'s gradient is final.
 /// Marks it ready in `progress` and returns the buckets that may leave now,
-/// in order: from `progress.next_bucket` on, each bucket with no member
-/// pending, up to the first that still has one; `next_bucket` moves past
-/// them. A second mark of the same parameter in one pass changes nothing.
+/// in bucket order: after the last bucket launched, each bucket with no
+/// member pending, up to the first that still has one. A second mark of the
+/// same parameter in one pass changes nothing.
 pub fn mark_ready(progress: &mut BucketProgress, param: usize) -> Vec<usize> {
     if progress.ready[param] {
         return vec![];
     }
     progress.ready[param] = true;
     progress.pending[progress.bucket_of[param]] -= 1;
+    let mut bucket = progress.launched.iter().take_while(|&&launched| launched).count();
     let mut launch = vec![];
-    while progress.next_bucket < progress.pending.len() && progress.pending[progress.next_bucket] == 0 {
-        launch.push(progress.next_bucket);
-        progress.next_bucket += 1;
+    while bucket < progress.pending.len() && progress.pending[bucket] == 0 {
+        progress.launched[bucket] = true;
+        launch.push(bucket);
+        bucket += 1;
     }
     launch
 }

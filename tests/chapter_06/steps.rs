@@ -22,27 +22,33 @@ fn layout(members: &[&[usize]]) -> Vec<Bucket> {
 }
 
 #[test]
-fn mark_ready_lets_buckets_leave_in_bucket_order_each_once() {
+fn mark_ready_returns_each_of_three_buckets_once_as_early_as_it_may() {
     // Bucket 0 = {6, 5}, bucket 1 = {4, 3, 2}, bucket 2 = {1, 0}.
     let buckets = layout(&[&[6, 5], &[4, 3, 2], &[1, 0]]);
     let mut progress = BucketProgress::new(&buckets, 7);
     let mut mark = |p: usize| learner::mark_ready(&mut progress, p);
-    assert_eq!(mark(6), Vec::<usize>::new(), "bucket 0 still waits for parameter 5");
-    assert_eq!(mark(6), Vec::<usize>::new(), "a second mark of parameter 6 counts once");
-    assert_eq!(mark(1), Vec::<usize>::new(), "bucket 2 is not complete");
+    assert_eq!(mark(6), Vec::<usize>::new(), "your mark_ready: bucket 0 still waits for parameter 5");
+    assert_eq!(mark(6), Vec::<usize>::new(), "your mark_ready: a second mark of parameter 6 must count once");
+    assert_eq!(mark(1), Vec::<usize>::new(), "your mark_ready: bucket 2 is not complete");
     assert_eq!(
         mark(0),
         Vec::<usize>::new(),
-        "bucket 2 is complete, but bucket 0 and 1 have not left: it waits"
+        "your mark_ready let bucket 2 leave as soon as it was complete, before buckets 0 and 1: a rank \
+         whose hooks complete bucket 0 first would pair its first all-reduce (bucket 0) with this \
+         one (bucket 2). The order buckets leave in must be one that no order of the hooks can change"
     );
-    assert_eq!(mark(5), vec![0], "parameter 5 completes bucket 0, the next to leave");
-    assert_eq!(mark(4), Vec::<usize>::new());
-    assert_eq!(mark(3), Vec::<usize>::new());
-    assert_eq!(mark(2), vec![1, 2], "bucket 1 completes, and bucket 2, complete already, follows it");
-    assert_eq!(mark(2), Vec::<usize>::new(), "every bucket has left, each once");
-    assert_eq!(progress.next_bucket, 3, "next_bucket moved past every bucket that left");
-    assert_eq!(progress.pending, vec![0, 0, 0], "no bucket waits for anything");
-    assert!(progress.ready.iter().all(|&r| r), "every parameter is marked ready");
+    assert_eq!(mark(5), vec![0], "your mark_ready: parameter 5 completes bucket 0, the first to leave");
+    assert_eq!(mark(4), Vec::<usize>::new(), "your mark_ready: bucket 1 waits for 3 and 2");
+    assert_eq!(mark(3), Vec::<usize>::new(), "your mark_ready: bucket 1 waits for 2");
+    assert_eq!(
+        mark(2),
+        vec![1, 2],
+        "your mark_ready: bucket 1 completes, and bucket 2, complete already and waiting for it, \
+         must leave at once after it, as early as it may"
+    );
+    assert_eq!(mark(2), Vec::<usize>::new(), "your mark_ready: every bucket has left, each once");
+    assert_eq!(progress.pending, vec![0, 0, 0], "your mark_ready: no bucket waits for anything");
+    assert!(progress.ready.iter().all(|&r| r), "your mark_ready: every parameter is marked ready");
 }
 
 #[test]

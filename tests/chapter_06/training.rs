@@ -117,7 +117,7 @@ fn the_overlapped_step_equals_chapter_5_and_one_process_and_the_replicas_each_ot
 }
 
 #[test]
-fn buckets_leave_in_bucket_order_and_the_first_while_backward_still_runs() {
+fn buckets_leave_as_early_as_they_may_and_the_first_while_backward_still_runs() {
     let per_rank = run(2, |pg| {
         let (vs, model) = mlp();
         let ddp =
@@ -132,7 +132,8 @@ fn buckets_leave_in_bucket_order_and_the_first_while_backward_still_runs() {
         assert_eq!(
             order,
             (0..sizes.len()).collect::<Vec<_>>(),
-            "rank {rank}: the buckets left in this order"
+            "rank {rank}: with your mark_ready the buckets left in this order; it must be one that no order \
+             of the hooks can change, since every rank's k-th all-reduce is added to every other rank's k-th"
         );
         let first = &record.launches[0];
         println!(
@@ -141,7 +142,7 @@ fn buckets_leave_in_bucket_order_and_the_first_while_backward_still_runs() {
         );
         assert_eq!(
             first.gradients_ready, sizes[0],
-            "rank {rank}: bucket 0 must leave the moment its {} gradients are ready, not later",
+            "rank {rank}: your mark_ready must let bucket 0 leave the moment its {} gradients are ready, not later",
             sizes[0]
         );
         assert!(
