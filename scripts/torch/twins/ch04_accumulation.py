@@ -10,6 +10,8 @@ Run: GLOO_SOCKET_IFNAME=lo .venv/bin/torchrun --standalone --nproc-per-node 2 \
 (tests/torch_twins.rs runs it; it prints PASS or raises.)
 """
 
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -60,4 +62,6 @@ optimizer.zero_grad()
 twin.report(f"ch04 no_sync accumulation, {world_size} ranks x {MICRO_BATCHES} micro-batches, {STEPS} steps: "
             f"replicas equal, largest difference from one process {largest:.1e}; "
             f"inside no_sync the gradients differ: PASS")
+del ddp  # DDP's reducer holds the group: free it before the group (see twin.py)
+gc.collect()
 dist.destroy_process_group()

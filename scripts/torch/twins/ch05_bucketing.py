@@ -13,6 +13,8 @@ Run: GLOO_SOCKET_IFNAME=lo .venv/bin/torchrun --standalone --nproc-per-node 2 \
 (tests/torch_twins.rs runs it; it prints PASS or raises.)
 """
 
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -51,4 +53,6 @@ if not small_sizes.count(",") > default_sizes.count(","):
 summary = "; ".join(f"cap {cap or 'default'} MB: buckets {sizes} bytes, {diff:.1e} from one process"
                     for cap, sizes, diff in results)
 twin.report(f"ch05 buckets, {world_size} ranks, {STEPS} steps: {summary}: PASS")
+del ddp  # DDP's reducer holds the group: free it before the group (see twin.py)
+gc.collect()
 dist.destroy_process_group()

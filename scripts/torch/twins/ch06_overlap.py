@@ -12,6 +12,8 @@ Run: GLOO_SOCKET_IFNAME=lo .venv/bin/torchrun --standalone --nproc-per-node 2 \
 (tests/torch_twins.rs runs it; it prints PASS or raises.)
 """
 
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -58,4 +60,6 @@ for step, (bx, by) in enumerate(batches):
 
 twin.report(f"ch06 overlap, {world_size} ranks, {STEPS} steps: backward's order {events}; "
             f"replicas equal, largest difference from one process {largest:.1e}: PASS")
+del ddp  # DDP's reducer holds the group: free it before the group (see twin.py)
+gc.collect()
 dist.destroy_process_group()

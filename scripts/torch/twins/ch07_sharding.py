@@ -10,6 +10,8 @@ Run: GLOO_SOCKET_IFNAME=lo .venv/bin/torchrun --standalone --nproc-per-node 2 \
 (tests/torch_twins.rs runs it; it prints PASS or raises.)
 """
 
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -68,4 +70,6 @@ for epoch in range(EPOCHS):
 twin.report(f"ch07 DistributedSampler, {world_size} ranks, {LENGTH} examples, {EPOCHS} epochs: shards equal in length, "
             f"covering the data set, new every epoch; replicas equal, largest difference from one process "
             f"{largest:.1e}: PASS")
+del ddp  # DDP's reducer holds the group: free it before the group (see twin.py)
+gc.collect()
 dist.destroy_process_group()

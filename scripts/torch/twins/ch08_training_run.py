@@ -11,6 +11,7 @@ Run: GLOO_SOCKET_IFNAME=lo .venv/bin/torchrun --standalone --nproc-per-node 2 \
 (tests/torch_twins.rs runs it; it prints PASS or raises.)
 """
 
+import gc
 import os
 import tempfile
 
@@ -78,5 +79,7 @@ if rank == 0:
 twin.report(f"ch08 training loop, {world_size} ranks, {EPOCHS} epochs x {len(steps)} steps of {ACCUMULATION} "
             f"micro-batches: {largest:.1e} from one process; rank 0's checkpoint equals every replica: PASS")
 # ANCHOR: destroy
+del model  # DDP's reducer holds the group: free the wrapper first (its hooks form cycles, hence gc)
+gc.collect()
 dist.destroy_process_group()  # the group's sockets and threads, before the process exits
 # ANCHOR_END: destroy
