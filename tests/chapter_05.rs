@@ -256,9 +256,9 @@ fn a_parameter_used_on_one_rank_only_is_an_error_not_a_silent_drift() {
 }
 
 #[test]
-fn negative_controls_without_sync_or_without_copy_back_the_replicas_drift() {
+fn negative_controls_without_sync_or_with_empty_buckets_the_replicas_drift() {
     let naive = train(2, Optim::Sgd, Sync::Naive, TINY_CAPS, mlp);
-    for sync in [Sync::None, Sync::NoCopyBack] {
+    for sync in [Sync::None, Sync::EmptyBuckets] {
         let runs = train(2, Optim::Sgd, sync, TINY_CAPS, mlp);
         let last: Vec<_> = runs.iter().map(|r| snapshot(&r.after_each_step[STEPS - 1])).collect();
         let drift = max_replica_diff(&last);

@@ -44,10 +44,12 @@ pub fn plan_buckets(params: &[ParamMeta], cap_bytes: usize, first_cap_bytes: usi
 }
 
 /// Averages the gradients of one bucket's parameters over all ranks with a
-/// single all-reduce: copy each gradient into its slot of `buffer` (zeros for
-/// a parameter without a gradient), all-reduce `buffer` with SUM, divide it
-/// by the world size, and copy each slot back into its gradient. On return
-/// `buffer` holds the averaged bucket; gradients that were undefined stay so.
+/// single all-reduce of `buffer`, whose slots are the members' gradients,
+/// flattened, back to back in the order of `bucket.params`. On return each
+/// member's gradient holds its mean over the ranks, in its own shape and bit
+/// for bit what the library's per-parameter sync (`ddp::naive`) leaves; a
+/// member without a gradient on this rank counts as zeros in the mean and
+/// still has no gradient afterwards.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn sync_bucket(
     pg: &dyn ProcessGroup,
@@ -55,19 +57,19 @@ pub fn sync_bucket(
     buffer: &mut Tensor,
     params: &[(String, Tensor)],
 ) -> Result<(), DistError> {
-    // TODO: the bucket's gradients, flattened and back to back in the order
-    // of `bucket.params`, make up `buffer`. Fill it, average it over the
-    // ranks with one collective, and give each member its share back (the
-    // doc comment names the stages).
+    // TODO: one collective for the whole bucket, where chapter 3 made one
+    // per parameter, with the same result.
     // Keep: the calls pair up across ranks: every rank all-reduces a buffer
-    // of the same length, whatever its loss touched, so a parameter without
-    // a gradient still fills its slot, with values that leave the others'
-    // sum alone; undefined gradients stay undefined; the averages end in the
-    // parameters' own gradients, in their shapes; the result must equal the
-    // library's per-parameter sync (`ddp::naive`) bitwise, which sums first
-    // and divides after; none of it is part of the model (no autograd).
-    // Yours to decide: how you find each member's slot, and how you write
-    // into it and read out of it without copying the whole bucket.
+    // of the same length, whatever its loss touched; undefined gradients stay
+    // undefined; the averages end in the parameters' own gradients; none of
+    // it is part of the model (no autograd). The tests compare every weight
+    // with a run of `ddp::naive` on 2, 3 and 4 ranks, bit for bit.
+    // Yours to decide: how each member finds its slot; what a member without
+    // a gradient puts there; where the division by the world size goes and
+    // what it divides, so that every element goes through the same
+    // arithmetic as in `ddp::naive` (f64 rounding tells the difference on 3
+    // ranks); and how you write into a slot and read out of it without
+    // copying the whole bucket.
     // Available: `pg.all_reduce` with `crate::dist::ReduceOp`,
     // `pg.world_size()`, `param.grad()`, `Tensor::narrow`, `tch::no_grad`,
     // and `crate::dist::torch_error` for the errors of the fallible `f_...`

@@ -9,8 +9,8 @@
 //! You write two functions in `exercise.rs`:
 //! 1. `plan_buckets`: the layout, computed once at construction from the
 //!    parameters' sizes, dtypes and devices, in reverse registration order;
-//! 2. `sync_bucket`: copy a bucket's gradients into one buffer, one
-//!    all-reduce, divide, copy back.
+//! 2. `sync_bucket`: average one bucket's gradients with one all-reduce of
+//!    its buffer, bit for bit what one all-reduce per parameter gives.
 //!
 //! This file holds the chapter's [`SimpleDistributedDataParallelism`]:
 //! chapter 4's (replicas checked, gradients averaged, `no_sync`; the

@@ -156,10 +156,12 @@ impl GradientBuckets {
 
 // ANCHOR: sync_bucket
 /// Averages the gradients of one bucket's parameters over all ranks with a
-/// single all-reduce: copy each gradient into its slot of `buffer` (zeros for
-/// a parameter without a gradient), all-reduce `buffer` with SUM, divide it
-/// by the world size, and copy each slot back into its gradient. On return
-/// `buffer` holds the averaged bucket; gradients that were undefined stay so.
+/// single all-reduce of `buffer`, whose slots are the members' gradients,
+/// flattened, back to back in the order of `bucket.params`. On return each
+/// member's gradient holds its mean over the ranks, in its own shape and bit
+/// for bit what the library's per-parameter sync (`ddp::naive`) leaves; a
+/// member without a gradient on this rank counts as zeros in the mean and
+/// still has no gradient afterwards.
 pub fn sync_bucket(
     pg: &dyn ProcessGroup,
     bucket: &Bucket,

@@ -11,7 +11,6 @@ use ddp_workbook::data::Regression;
 use ddp_workbook::ddp::naive;
 use ddp_workbook::dist::{DistError, ReduceOp};
 use ddp_workbook::models::Mlp;
-use ddp_workbook::tch;
 use ddp_workbook::tch::nn::{Module, VarStore};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::with_seed;
@@ -55,12 +54,13 @@ pub enum Sync {
     /// This chapter's `sync_gradients`: one all-reduce per bucket.
     Bucketed,
     /// The library's per-parameter sync (`ddp::naive`, chapter 3's
-    /// exercise with the sum first): one all-reduce per parameter.
+    /// exercise as the library does it): one all-reduce per parameter.
     Naive,
     /// Negative control: no communication at all.
     None,
-    /// Negative control: buckets all-reduced, but never copied back.
-    NoCopyBack,
+    /// Negative control: one all-reduce per bucket, of the right size, with
+    /// none of the gradients in it.
+    EmptyBuckets,
     /// Two micro-batches per step through the wrapper's `backward`, the
     /// first inside `no_sync` (chapter 4's switch, kept by this stage).
     Accumulated,
@@ -167,7 +167,7 @@ pub fn train<M: Module>(
                 Sync::Bucketed => ddp.sync_gradients()?, // one all-reduce per bucket
                 Sync::Naive => naive::sync_gradients(ddp.process_group().as_ref(), ddp.parameters())?,
                 Sync::None => {}
-                Sync::NoCopyBack => sync_without_copy_back(&ddp)?,
+                Sync::EmptyBuckets => sync_empty_buckets(&ddp)?,
                 Sync::Accumulated => {} // `backward` synced already
             }
             optimizer.step();
@@ -184,33 +184,16 @@ pub fn train<M: Module>(
     })
 }
 
-/// A broken bucketed sync for the negative control: it averages each bucket
-/// in a flat copy and then forgets to copy the result back, so every rank
-/// steps with its own, local gradients.
-fn sync_without_copy_back<M: Module>(ddp: &SimpleDistributedDataParallelism<M>) -> Result<(), DistError> {
-    let pg = ddp.process_group();
-    tch::no_grad(|| {
-        for bucket in ddp.buckets() {
-            let pieces: Vec<Tensor> = bucket
-                .params
-                .iter()
-                .map(|&p| {
-                    let (_, param) = &ddp.parameters()[p];
-                    let grad = param.grad();
-                    if grad.defined() {
-                        grad.reshape([-1])
-                    } else {
-                        param.zeros_like().reshape([-1])
-                    }
-                })
-                .collect();
-            let mut flat = Tensor::cat(&pieces, 0); // [bucket.numel]
-            pg.all_reduce(&mut flat, ReduceOp::Sum)?;
-            let _averaged = flat / pg.world_size() as f64;
-            // The bug on purpose: nothing goes back into the gradients.
-        }
-        Ok(())
-    })
+/// A broken bucketed sync for the negative control: per bucket one
+/// all-reduce of the bucket's size, dtype and device, which carries none of
+/// the gradients, so every rank steps with its own, local gradients (what a
+/// sync that never fills its buffers, or never copies them back, leaves).
+fn sync_empty_buckets<M: Module>(ddp: &SimpleDistributedDataParallelism<M>) -> Result<(), DistError> {
+    for bucket in ddp.buckets() {
+        let mut empty = Tensor::zeros([bucket.numel as i64], (bucket.kind, bucket.device)); // [numel]
+        ddp.process_group().all_reduce(&mut empty, ReduceOp::Sum)?;
+    }
+    Ok(())
 }
 
 /// One process, one model, the whole global batch of every step.
