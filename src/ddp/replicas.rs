@@ -74,7 +74,11 @@ fn structure_fingerprint(name: &str, tensor: &Tensor) -> i64 {
 /// of tensors: the same count, and at each position the same name, dtype and
 /// shape. Without it, a rank with an extra layer would pair its tensors with
 /// the wrong tensors of its peers, or wait for a call its peers never make.
-/// Every rank sees every rank's answer, so all of them fail together.
+/// On a difference every rank fails, at the same position: none goes on
+/// alone.
+// ANCHOR_END: structure
+// (The book shows the contract above and not the body: the body shares
+// every rank's findings the way chapter 2's exercise must.)
 pub fn check_same_structure(pg: &dyn ProcessGroup, named: &[Named], what: &str) -> Result<(), InitError> {
     let mismatch =
         |detail: String| DistError::Mismatch { rank: pg.rank(), op: format!("the list of {what}"), detail };
@@ -109,7 +113,6 @@ pub fn check_same_structure(pg: &dyn ProcessGroup, named: &[Named], what: &str) 
     }
     Ok(())
 }
-// ANCHOR_END: structure
 
 // ANCHOR: verify_replicas
 /// Compares each tensor of `named` with rank 0's copy. Returns
