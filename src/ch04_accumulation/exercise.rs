@@ -3,10 +3,10 @@
 //!
 //! Check your work: `cargo test --test chapter_04`
 //!
-//! `SimpleDistributedDataParallelism::no_sync` in `mod.rs` calls your
-//! `begin_no_sync` when a scope opens; the guard it returns puts the switch
-//! back when the scope closes. The tests call your `accumulate_and_step` once
-//! per optimizer step, on every rank.
+//! `SimpleDistributedDataParallelism::no_sync` in `mod.rs` opens its scope
+//! with your `open_no_sync` and hands your `NoSyncScope` to the caller. The
+//! tests call your `accumulate_and_step` once per optimizer step, on every
+//! rank.
 
 use std::cell::Cell;
 
@@ -15,22 +15,42 @@ use tch::Tensor;
 
 use super::{AccumulationError, SimpleDistributedDataParallelism};
 
-// ANCHOR: begin_no_sync_stub
-/// Turns the sync switch off and returns the state it had just before, which
-/// the `NoSyncGuard` puts back when the scope ends.
-#[allow(unused_variables)] // delete this line once you use the argument
-pub fn begin_no_sync(require_sync: &Cell<bool>) -> bool {
-    // TODO: open a no_sync scope. Afterwards the switch is off, and what you
-    // return is what the guard writes back when the scope closes.
-    // Keep: scopes nest. Inside an outer scope the switch is already off, and
-    // closing an inner scope must leave it off; closing the outermost scope
-    // turns it back on only if it was on when that scope opened.
-    // Yours to decide: how you keep the previous state (a `Cell<bool>` can be
-    // read, written, or both in one call: see its docs).
-    // Stuck? `cargo workbook hint 04` gives hints one at a time.
-    todo!("exercise ch04: begin_no_sync in src/ch04_accumulation/exercise.rs")
+// ANCHOR: no_sync_scope_stub
+/// An open `no_sync` scope on the sync switch `require_sync` (PyTorch's
+/// `require_backward_grad_sync`): while it lives, `backward` only adds to
+/// `.grad` and sends nothing. Dropping it closes the scope, on every way out
+/// of its block (the end, `return` or `?`, a panic unwinding through it), and
+/// afterwards `backward` syncs exactly when it did before the scope opened.
+/// Scopes nest, and a scope may open while the switch is already off.
+#[must_use = "the scope closes when this value is dropped: bind it with `let _scope = ...;`"]
+pub struct NoSyncScope<'a> {
+    #[allow(dead_code)] // delete this line once you use the field
+    require_sync: &'a Cell<bool>,
+    // TODO: whatever else an open scope needs to close correctly (yours to
+    // decide).
 }
-// ANCHOR_END: begin_no_sync_stub
+
+/// Opens a `no_sync` scope on `require_sync`: see [`NoSyncScope`] for what
+/// must hold while it is open and after it closes.
+#[allow(unused_variables)] // delete this line once you use the argument
+pub fn open_no_sync(require_sync: &Cell<bool>) -> NoSyncScope<'_> {
+    // TODO: open the scope; `NoSyncScope`'s `drop`, below, closes it.
+    // Keep: the rules in `NoSyncScope`'s doc comment; the tests try every
+    // way out of a scope, scopes inside scopes, and a scope opened with the
+    // switch already off. `drop` must never panic: a panic in `drop` while
+    // another panic unwinds aborts the whole process.
+    // Yours to decide: what an open scope remembers, and what closing it
+    // writes (`Cell<bool>` can be read and written through `&`: see its docs).
+    // Stuck? `cargo workbook hint 04` gives hints one at a time.
+    todo!("exercise ch04: open_no_sync in src/ch04_accumulation/exercise.rs")
+}
+
+impl Drop for NoSyncScope<'_> {
+    fn drop(&mut self) {
+        // TODO: close the scope (this runs however the scope ends).
+    }
+}
+// ANCHOR_END: no_sync_scope_stub
 
 // ANCHOR: accumulate_stub
 /// One optimizer step from k = `micro_batches.len()` micro-batches of this

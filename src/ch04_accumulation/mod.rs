@@ -3,8 +3,8 @@
 //! the ranks talk only once, after the last one. You write the two pieces
 //! that make this work, in `exercise.rs`:
 //!
-//! 1. `begin_no_sync`: turns the sync switch off and remembers how it was,
-//!    so that the library's [`NoSyncGuard`] can put it back when its scope ends;
+//! 1. `open_no_sync` and its `NoSyncScope`: the scope in which backward
+//!    does not communicate, and what closing it leaves behind;
 //! 2. `accumulate_and_step`: the accumulation loop, from `zero_grad` to
 //!    `optimizer.step()`.
 //!
@@ -15,8 +15,8 @@
 //! chapter 3's, with its replica check and naive sync (the library's
 //! reference code of chapters 2 and 3, so you can start here), plus what
 //! this chapter adds: the sync switch, `backward`, and `no_sync`, which
-//! opens its scope with your `begin_no_sync`. The batch arithmetic and its errors are the
-//! library's (`src/ddp/batch.rs`).
+//! opens your `NoSyncScope` on the switch. The batch arithmetic and its
+//! errors are the library's (`src/ddp/batch.rs`).
 
 use std::ops::Deref;
 
@@ -28,8 +28,7 @@ use crate::dist::{DistError, Group};
 
 pub use crate::ddp::seams::LocalBackward;
 pub use crate::ddp::{
-    check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError, InitError, NoSyncGuard,
-    Replicated,
+    check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError, InitError, Replicated,
 };
 
 pub mod exercise; // the file you edit
@@ -83,12 +82,12 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 
     // ANCHOR: no_sync
     /// Opens a scope in which [`backward`](Self::backward) does not
-    /// communicate: YOUR `learner::begin_no_sync` turns the switch off, and
-    /// the returned guard puts it back when dropped (also on `?` and on
-    /// panic). Write `let _guard = ddp.no_sync();` (a named binding: `let _ =
-    /// ...` would drop the guard, and close the scope, at once).
-    pub fn no_sync(&self) -> NoSyncGuard<'_> {
-        self.switch.no_sync_with(learner::begin_no_sync)
+    /// communicate: YOUR `learner::open_no_sync` opens it on the switch,
+    /// and dropping the returned `NoSyncScope` closes it. Write `let _guard =
+    /// ddp.no_sync();` (a named binding: `let _ = ...` would drop the scope,
+    /// and close it, at once).
+    pub fn no_sync(&self) -> learner::NoSyncScope<'_> {
+        self.switch.no_sync_with(learner::open_no_sync)
     }
 
     /// The closure form of [`no_sync`](Self::no_sync): runs `body` with

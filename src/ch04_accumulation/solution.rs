@@ -10,15 +10,38 @@ use tch::Tensor;
 
 use super::{check_micro_batches, AccumulationError, SimpleDistributedDataParallelism};
 
-// ANCHOR: begin_no_sync
-/// Turns the sync switch off and returns the state it had just before, which
-/// the `NoSyncGuard` puts back when the scope ends.
-pub fn begin_no_sync(require_sync: &Cell<bool>) -> bool {
-    // Remember, do not assume: in a nested scope the switch is already off,
-    // and the inner guard must give back "off", not "on".
-    require_sync.replace(false)
+// ANCHOR: no_sync_scope
+/// An open `no_sync` scope on the sync switch `require_sync` (PyTorch's
+/// `require_backward_grad_sync`): while it lives, `backward` only adds to
+/// `.grad` and sends nothing. Dropping it closes the scope, on every way out
+/// of its block (the end, `return` or `?`, a panic unwinding through it), and
+/// afterwards `backward` syncs exactly when it did before the scope opened.
+/// Scopes nest, and a scope may open while the switch is already off.
+#[must_use = "the scope closes when this value is dropped: bind it with `let _scope = ...;`"]
+pub struct NoSyncScope<'a> {
+    require_sync: &'a Cell<bool>,
+    /// The switch's state when this scope opened: what closing puts back.
+    /// Remembered, not assumed: inside an outer scope it is already off, and
+    /// closing the inner scope must leave it off.
+    was_on: bool,
 }
-// ANCHOR_END: begin_no_sync
+
+/// Opens a `no_sync` scope on `require_sync`: see [`NoSyncScope`] for what
+/// must hold while it is open and after it closes.
+pub fn open_no_sync(require_sync: &Cell<bool>) -> NoSyncScope<'_> {
+    let was_on = require_sync.replace(false); // off now; what it was, in one call
+    NoSyncScope { require_sync, was_on }
+}
+
+impl Drop for NoSyncScope<'_> {
+    fn drop(&mut self) {
+        // Runs on every way out of the scope, a panic included: so the
+        // restore lives here, not at the end of the caller's block. Only a
+        // `Cell::set`, which cannot panic.
+        self.require_sync.set(self.was_on);
+    }
+}
+// ANCHOR_END: no_sync_scope
 
 // ANCHOR: accumulate_and_step
 /// One optimizer step from k = `micro_batches.len()` micro-batches of this

@@ -1,14 +1,14 @@
-//! Spoiler: this file holds the reference answer to chapter 4's
-//! `begin_no_sync` (`src/ch04_accumulation/exercise.rs`), inside
-//! `SyncSwitch::no_sync`. Working through the book? Write yours first; the
-//! book shows the parts of this file you need, and the answer at the end of
-//! the chapter.
+//! Spoiler: this file holds the library's answer to chapter 4's
+//! `open_no_sync` and `NoSyncScope` (`src/ch04_accumulation/exercise.rs`):
+//! `SyncSwitch::no_sync` and `NoSyncGuard`. Working through the book? Write
+//! yours first; the chapter does not need this file, and shows its answer at
+//! the end.
 //!
 //! The `no_sync` switch: while a scope is open, `backward` only accumulates
 //! gradients on this rank and sends nothing (PyTorch's
 //! `require_backward_grad_sync` and `DistributedDataParallel.no_sync()`).
-//! Chapter 4 of the book builds the opening step; this is the switch and
-//! the guard that every wrapper uses.
+//! Chapter 4 of the book builds the scope; this is the switch and the guard
+//! that every later wrapper uses.
 //!
 //! Tested by `cargo test --test chapter_04`.
 
@@ -51,17 +51,38 @@ impl SyncSwitch {
     }
 
     /// Opens a `no_sync` scope: the switch is off until the guard is dropped,
-    /// then back to what it was (also on `?` and on panic, and when nested).
+    /// then back to what it was (also on `?` and on panic, and when nested):
+    ///
+    /// ```
+    /// use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+    /// use ddp_workbook::ddp::SyncSwitch;
+    ///
+    /// let switch = SyncSwitch::new();
+    /// {
+    ///     let _outer = switch.no_sync();
+    ///     {
+    ///         let _inner = switch.no_sync();
+    ///     }
+    ///     assert!(!switch.is_on(), "closing an inner scope leaves the switch off");
+    ///     let caught = catch_unwind(AssertUnwindSafe(|| {
+    ///         let _inner = switch.no_sync();
+    ///         resume_unwind(Box::new("a panic inside a nested scope"));
+    ///     }));
+    ///     assert!(caught.is_err() && !switch.is_on(), "and so does a panic out of one");
+    /// }
+    /// assert!(switch.is_on(), "closing the outermost scope turns it back on");
+    /// switch.set(false);
+    /// drop(switch.no_sync());
+    /// assert!(!switch.is_on(), "a scope opened while the switch was off leaves it off");
+    /// ```
     pub fn no_sync(&self) -> NoSyncGuard<'_> {
-        self.guard_opened_by(|switch| switch.replace(false))
+        let previous = self.require_backward_grad_sync.replace(false);
+        NoSyncGuard { switch: &self.require_backward_grad_sync, previous }
     }
 
-    /// [`no_sync`](Self::no_sync), turning the switch off with `begin`, which
-    /// returns the state the switch had, for the guard to put back
-    /// (chapter 4 passes its `begin_no_sync` through `ddp::seams`).
-    pub(crate) fn guard_opened_by(&self, begin: impl FnOnce(&Cell<bool>) -> bool) -> NoSyncGuard<'_> {
-        let previous = begin(&self.require_backward_grad_sync);
-        NoSyncGuard { switch: &self.require_backward_grad_sync, previous }
+    /// The switch itself, for chapter 4's scope (through `ddp::seams`).
+    pub(crate) fn cell(&self) -> &Cell<bool> {
+        &self.require_backward_grad_sync
     }
 }
 

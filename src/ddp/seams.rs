@@ -12,7 +12,7 @@
 //! | --- | --- | --- |
 //! | [`Replicated::with_replica_check`] | `verify_replicas` | 2 |
 //! | [`LocalBackward::backward_local`] | (a backward that syncs nothing, which every stage's `backward` builds on) | 2-6 |
-//! | [`SyncSwitch::no_sync_with`] | `begin_no_sync` | 4 |
+//! | [`SyncSwitch::no_sync_with`] | `open_no_sync` (and its `NoSyncScope`) | 4 |
 //! | [`GradientBuckets::plan_with`], [`GradientBuckets::sync_with`] | `plan_buckets`, `sync_bucket` | 5 |
 //! | [`OverlappedBuckets::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
 //!
@@ -26,7 +26,7 @@ use tch::Tensor;
 
 use super::bucketed::BucketingError;
 use super::layout::{Bucket, BucketCaps};
-use super::no_sync::{NoSyncGuard, SyncSwitch};
+use super::no_sync::SyncSwitch;
 use super::overlap::{BucketProgress, BucketSteps, Buckets};
 use super::replicas::InitError;
 use super::{GradientBuckets, OverlappedBuckets, Replicated};
@@ -90,14 +90,12 @@ impl<M: Module> Replicated<M> {
     }
 }
 
-/// How a scope turns the switch off: it returns the state the switch had,
-/// for the guard to put back (chapter 4's `begin_no_sync`).
-pub type BeginNoSync = fn(&Cell<bool>) -> bool;
-
 impl SyncSwitch {
-    /// [`SyncSwitch::no_sync`], turning the switch off with `begin`.
-    pub fn no_sync_with(&self, begin: BeginNoSync) -> NoSyncGuard<'_> {
-        self.guard_opened_by(begin)
+    /// [`SyncSwitch::no_sync`], with the scope opened by `open` on the
+    /// switch's cell instead of the library's guard (chapter 4's
+    /// `open_no_sync`, whose scope type is the learner's).
+    pub fn no_sync_with<'a, Scope: 'a>(&'a self, open: fn(&'a Cell<bool>) -> Scope) -> Scope {
+        open(self.cell())
     }
 }
 

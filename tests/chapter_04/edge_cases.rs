@@ -36,12 +36,20 @@ fn no_sync_restores_the_previous_state_on_every_way_out() {
         anyhow::ensure!(on(), "the switch must start on");
         {
             let _guard = ddp.no_sync();
-            anyhow::ensure!(!on(), "your begin_no_sync left the switch on: inside no_sync it must be off");
+            anyhow::ensure!(
+                !on(),
+                "your open_no_sync left the switch on: inside a no_sync scope backward must not sync"
+            );
         }
-        anyhow::ensure!(on(), "after a no_sync block the switch must be back on");
+        anyhow::ensure!(
+            on(),
+            "after a no_sync scope's block ended the switch was still off: your open_no_sync's NoSyncScope \
+             must turn sync back on when it is dropped, or every later backward of this rank trains alone"
+        );
         anyhow::ensure!(
             leave_early(&ddp).is_err() && on(),
-            "after leaving no_sync through `?` the switch must be back on"
+            "after leaving a no_sync scope through `?` the switch was still off: your open_no_sync's \
+             NoSyncScope must close on every way out of its block, `?` included"
         );
         let caught = catch_unwind(AssertUnwindSafe(|| {
             let _guard = ddp.no_sync();
@@ -49,34 +57,54 @@ fn no_sync_restores_the_previous_state_on_every_way_out() {
             // that this expected panic prints no message or backtrace.
             resume_unwind(Box::new("a deliberate panic inside no_sync"));
         }));
-        anyhow::ensure!(caught.is_err() && on(), "after a panic inside no_sync the switch must be back on");
+        anyhow::ensure!(
+            caught.is_err() && on(),
+            "after a panic unwound through a no_sync scope the switch was still off: your open_no_sync's \
+             NoSyncScope must close on every way out of its block, a panic included"
+        );
         {
             let _outer = ddp.no_sync();
             {
                 let _inner = ddp.no_sync();
                 anyhow::ensure!(
                     !on(),
-                    "your begin_no_sync turned the switch on in a nested scope: it must stay off"
+                    "your open_no_sync turned the switch on in a scope nested in another: it must stay off"
                 );
             }
             anyhow::ensure!(
                 !on(),
-                "closing an INNER no_sync turned the switch on: your begin_no_sync must return the state \
-                 it found (off, inside an outer scope), not `true`"
+                "closing an INNER no_sync scope turned the switch on, so the rest of the outer scope would \
+                 sync: your open_no_sync's NoSyncScope must leave behind the state it found when it opened \
+                 (off, inside an outer scope), not `on`"
+            );
+            // A panic out of an inner scope, caught inside the outer one.
+            let caught = catch_unwind(AssertUnwindSafe(|| {
+                let _inner = ddp.no_sync();
+                resume_unwind(Box::new("a deliberate panic inside a nested no_sync"));
+            }));
+            anyhow::ensure!(
+                caught.is_err() && !on(),
+                "a panic out of an INNER no_sync scope, caught inside the outer one, turned the switch on: \
+                 your open_no_sync's NoSyncScope must leave behind the state it found, on a panic too"
             );
         }
-        anyhow::ensure!(on(), "closing the outer no_sync must turn the switch back on");
+        anyhow::ensure!(
+            on(),
+            "closing the OUTER no_sync scope left the switch off: your open_no_sync's NoSyncScope must turn \
+             sync back on when the outermost scope closes"
+        );
         ddp.set_require_backward_grad_sync(false);
         ddp.no_sync_scope(|| ());
         anyhow::ensure!(
             !on(),
-            "a no_sync scope opened while the switch was off turned it on when it closed: your begin_no_sync \
-             must return the state it found, not `true`"
+            "a no_sync scope opened while the switch was off turned it on when it closed: your \
+             open_no_sync's NoSyncScope must leave behind the state it found, not `on`"
         );
         ddp.set_require_backward_grad_sync(true);
         anyhow::ensure!(
             ddp.no_sync_scope(|| 7) == 7 && on(),
-            "no_sync_scope must return the closure's value and restore"
+            "no_sync_scope must return the closure's value, and your open_no_sync's NoSyncScope turn the \
+             switch back on after it"
         );
 
         // And the switch really decides whether backward communicates.
@@ -220,8 +248,9 @@ fn accumulate_and_step_leaves_the_sync_switch_as_it_found_it() {
             ddp.require_backward_grad_sync(),
             "your accumulate_and_step returned an error from a failing backward ({error}) and left the sync \
              switch off; the chapter expects it back on, as it was, because the switch must end as it was \
-             however the function returns, `?` included: hold a guard, `let _guard = ddp.no_sync();`, instead \
-             of setting the switch by hand"
+             however the function returns, `?` included: hold a scope, `let _guard = ddp.no_sync();`, instead \
+             of setting the switch by hand (if you do hold one, the NoSyncScope from open_no_sync is what left \
+             it off: see no_sync_restores_the_previous_state_on_every_way_out)"
         );
         // Called inside the caller's own no_sync scope: it must stay off.
         let _outer = ddp.no_sync();
@@ -229,8 +258,9 @@ fn accumulate_and_step_leaves_the_sync_switch_as_it_found_it() {
         anyhow::ensure!(
             !ddp.require_backward_grad_sync(),
             "your accumulate_and_step, called with the sync switch off (inside the caller's no_sync), turned it \
-             on; the chapter expects it off, as it was, because the switch ends as it was: let the guard put \
-             back what it found instead of turning the switch on by hand"
+             on; the chapter expects it off, as it was, because the switch ends as it was: let a no_sync scope \
+             close instead of turning the switch on by hand (if that is what you do, the NoSyncScope from \
+             open_no_sync turned it on: see no_sync_restores_the_previous_state_on_every_way_out)"
         );
         Ok(())
     });

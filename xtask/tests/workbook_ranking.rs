@@ -42,8 +42,9 @@ fn ranked_names(chapter: &Chapter, tally: &SuiteTally) -> Vec<String> {
 }
 
 #[test]
-fn a_wrong_begin_no_sync_is_blamed_on_begin_no_sync_not_on_accumulate_and_step() {
-    // begin_no_sync returning `true` instead of the state it found.
+fn a_wrong_no_sync_scope_is_blamed_on_open_no_sync_not_on_accumulate_and_step() {
+    // A NoSyncScope that turns the switch on when it closes, instead of
+    // leaving the state it found.
     let ch04 = chapter("04");
     let run = tally(&[
         (
@@ -53,18 +54,19 @@ fn a_wrong_begin_no_sync_is_blamed_on_begin_no_sync_not_on_accumulate_and_step()
         ),
         (
             "edge_cases::no_sync_restores_the_previous_state_on_every_way_out",
-            "rank 1 returned an error: closing an INNER no_sync turned the switch on: your begin_no_sync must \
-             return the state it found (off, inside an outer scope), not `true`",
+            "rank 0 returned an error: closing an INNER no_sync scope turned the switch on, so the rest of the \
+             outer scope would sync: your open_no_sync's NoSyncScope must leave behind the state it found when \
+             it opened (off, inside an outer scope), not `on`",
         ),
     ]);
     assert_eq!(
         ranked_names(&ch04, &run)[0],
         "edge_cases::no_sync_restores_the_previous_state_on_every_way_out",
-        "both messages say `your ...`; begin_no_sync comes first in the exercise, and accumulate_and_step \
+        "both messages say `your ...`; open_no_sync comes first in the exercise, and accumulate_and_step \
          calls it through no_sync"
     );
     let lines = verdict::describe(&ch04, &run, 1);
-    assert!(lines.iter().any(|l| l.contains("start with `begin_no_sync`")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("start with `open_no_sync`")), "{lines:#?}");
     assert!(lines.iter().any(|l| l.contains("`cargo workbook test 04 2` shows the next")), "{lines:#?}");
 }
 

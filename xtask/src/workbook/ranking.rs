@@ -1,7 +1,7 @@
 //! xtask/src/workbook/ranking.rs: which of a chapter's failures `cargo
 //! workbook test` shows first. A wrong function makes several tests fail,
 //! and the one that failed first is often a test of another function that
-//! calls it (a wrong `begin_no_sync` breaks `accumulate_and_step`'s test
+//! calls it (a wrong `open_no_sync` breaks `accumulate_and_step`'s test
 //! too). So failures are ranked by how directly they point at the learner's
 //! code, and among equals by the exercise's order, which goes from the
 //! function the others build on to the ones that use it.
