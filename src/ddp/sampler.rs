@@ -54,16 +54,15 @@ pub fn permutation(len: usize, seed: u64) -> Vec<i64> {
 /// every epoch, with the semantics of PyTorch's
 /// `torch.utils.data.DistributedSampler`:
 ///
-/// - with `shuffle`, the order of the whole data set is a permutation drawn
-///   from `seed + epoch`: the same on every rank, and new every epoch once
-///   you call [`set_epoch`](Self::set_epoch); without `shuffle` it is
+/// - with `shuffle`, the order of the whole data set is the [`permutation`]
+///   drawn from `seed + epoch`: the same on every rank, and new every epoch
+///   once you call [`set_epoch`](Self::set_epoch); without `shuffle` it is
 ///   `0, 1, 2, ...` every epoch;
-/// - every rank gets the same number of examples, [`len`](Self::len): the
-///   order is padded by repeating its start up to a multiple of
-///   `num_replicas` (`drop_last = false`), or its tail is dropped
-///   (`drop_last = true`);
-/// - rank `r` takes every `num_replicas`-th index of that list, starting at
-///   position `r`.
+/// - every rank gets the same number of examples, [`len`](Self::len): some
+///   examples are handed out twice (`drop_last = false`), or some are left
+///   out (`drop_last = true`), never both;
+/// - read round by round (every rank's first index, in rank order, then
+///   every rank's second, ...), the shards are that order from its start.
 ///
 /// The sampler hands out indices, not data: look the rows up yourself, e.g.
 /// with [`rows`].
@@ -150,6 +149,15 @@ impl DistributedSampler {
         self.epoch = epoch;
     }
 
+    /// This rank's indices for the current epoch, in the order to visit them:
+    /// [`len`](Self::len) of them, each in `0..dataset_len`.
+    pub fn indices(&self) -> Vec<i64> {
+        epoch_shard(self)
+    }
+}
+// ANCHOR_END: sampler
+
+impl DistributedSampler {
     /// The whole data set's order for the current epoch, before padding and
     /// sharding: the same list on every rank.
     pub fn epoch_order(&self) -> Vec<i64> {
@@ -163,15 +171,6 @@ impl DistributedSampler {
         }
     }
 
-    /// This rank's indices for the current epoch, in the order to visit them:
-    /// [`len`](Self::len) of them, each in `0..dataset_len`.
-    pub fn indices(&self) -> Vec<i64> {
-        epoch_shard(self)
-    }
-}
-// ANCHOR_END: sampler
-
-impl DistributedSampler {
     /// How many indices every rank gets per epoch: `ceil(dataset_len / N)`,
     /// or `floor(dataset_len / N)` with `drop_last`.
     pub fn len(&self) -> usize {
@@ -218,9 +217,11 @@ impl DistributedSampler {
 }
 
 // ANCHOR: samples_per_rank
-/// How many indices each of `num_replicas` ranks gets from a data set of
-/// `dataset_len` examples: `ceil(dataset_len / num_replicas)` when the tail
-/// is padded, `floor(dataset_len / num_replicas)` when it is dropped.
+/// How many indices each of `num_replicas` ranks gets per epoch from a data
+/// set of `dataset_len` examples; the same number for every rank. With
+/// `drop_last`, no example is handed out twice in an epoch, and as few as
+/// possible are left out; without it, every example is handed out, and as
+/// few as possible twice.
 pub fn samples_per_rank(dataset_len: usize, num_replicas: usize, drop_last: bool) -> usize {
     if drop_last {
         dataset_len / num_replicas // the incomplete last round is dropped
@@ -253,12 +254,14 @@ pub fn shard_indices(order: &[i64], num_replicas: usize, rank: usize, drop_last:
 
 // ANCHOR: epoch_shard
 /// This rank's indices for the sampler's current epoch, in the order to
-/// visit them, `samples_per_rank(..)` of them: the whole data set's order
-/// for the epoch (a permutation drawn from `seed + epoch` when shuffling,
-/// `0, 1, 2, ...` otherwise; the same on every rank), made a multiple of
-/// `num_replicas` long by repeating its start (`drop_last = false`) or by
-/// cutting its tail (`drop_last = true`), then every `num_replicas`-th
-/// position of it, starting at position `rank`.
+/// visit them, `samples_per_rank(..)` of them. The epoch's order of the
+/// whole data set is the same on every rank: `permutation(dataset_len,
+/// seed + epoch)` when shuffling (PyTorch's rule), `0, 1, 2, ...`
+/// otherwise. Read round by round (rank 0's first index, rank 1's first,
+/// ..., then every rank's second, ...), all ranks' shards together are that
+/// order from its start: where it runs out before the last round is full,
+/// it goes on from its start again (`drop_last = false`); with `drop_last`,
+/// the examples that do not fill a whole round are left out.
 pub fn epoch_shard(sampler: &DistributedSampler) -> Vec<i64> {
     let order = sampler.epoch_order(); // the same list on every rank
     shard_indices(&order, sampler.num_replicas(), sampler.rank(), sampler.drop_last())

@@ -53,20 +53,20 @@ fn grid() -> Vec<(i64, usize, bool, bool)> {
     cases
 }
 
-/// What the chapter promises: ceil(len / n) padded, floor(len / n) dropped.
+/// Counted by hand: one index per complete round of n, plus one from a last,
+/// incomplete round, which is padded (or, with drop_last, left out).
 fn expected_count(len: i64, n: usize, drop_last: bool) -> usize {
-    let (len, n) = (len as usize, n);
-    if drop_last {
-        len / n
-    } else {
-        len / n + usize::from(len % n != 0)
-    }
+    len as usize / n + usize::from(!drop_last && len as usize % n != 0)
 }
 
 #[test]
 fn every_rank_gets_the_same_number_of_indices() {
     for (len, n, shuffle, drop_last) in grid() {
         let expected = expected_count(len, n, drop_last);
+        let rule = match drop_last {
+            true => "the most every rank can get with no example handed out twice",
+            false => "the fewest every rank can get with every example handed out",
+        };
         for rank in 0..n {
             let s = sampler(len, n, rank, shuffle, SEED, drop_last);
             let (counted, cut) = (shard_len(&s), shard(&s).len());
@@ -80,9 +80,8 @@ fn every_rank_gets_the_same_number_of_indices() {
             assert!(
                 counted == expected && cut == expected,
                 "{len} examples on {n} ranks (shuffle {shuffle}, drop_last {drop_last}), rank {rank}: {culprit}; \
-                 samples_per_rank and the shard's length must both be {} = {expected}; unequal counts mean one rank \
-                 makes fewer collectives than the others and the run deadlocks",
-                if drop_last { "floor(len / n)" } else { "ceil(len / n)" }
+                 samples_per_rank and the shard's length must both be {expected}, {rule}; unequal counts mean one \
+                 rank makes fewer collectives than the others and the run deadlocks"
             );
         }
     }
@@ -96,23 +95,33 @@ fn shards_cover_the_data_set_and_overlap_only_in_the_padding() {
         let all: Vec<i64> = shards.concat();
         assert!(
             all.iter().all(|&i| (0..len).contains(&i)),
-            "{case}: an index is outside 0..{len}: {shards:?}"
+            "{case}: your epoch_shard handed out an index outside 0..{len}: {shards:?}"
         );
         let distinct: BTreeSet<i64> = all.iter().copied().collect();
         if drop_last {
-            assert_eq!(distinct.len(), all.len(), "{case}: with drop_last no index may repeat: {shards:?}");
+            assert_eq!(
+                distinct.len(),
+                all.len(),
+                "{case}: your epoch_shard handed out an index twice; with drop_last none may repeat: {shards:?}"
+            );
             assert!(
                 len as usize - all.len() < n,
-                "{case}: drop_last drops fewer than n examples: {shards:?}"
+                "{case}: your epoch_shard left out {} examples; drop_last leaves out only those that cannot fill \
+                 a round of {n} (fewer than {n}): {shards:?}",
+                len as usize - all.len()
             );
         } else {
             assert_eq!(
                 distinct.len(),
                 len as usize,
-                "{case}: the shards together must cover 0..{len}: {shards:?}"
+                "{case}: your epoch_shard's shards together must cover 0..{len} without drop_last: {shards:?}"
             );
             // Repeats exist only to pad the last round: total - len of them.
-            assert_eq!(all.len() - distinct.len(), all.len() - len as usize, "{case}: {shards:?}");
+            assert_eq!(
+                all.len() - distinct.len(),
+                all.len() - len as usize,
+                "{case}: your epoch_shard repeated more indices than padding the last round needs: {shards:?}"
+            );
         }
     }
 }
@@ -134,8 +143,9 @@ fn padding_repeats_the_start_and_rank_r_takes_every_nth_index_from_r() {
             all_shards(len, n, false, drop_last, 0),
             expected,
             "your epoch_shard's shards (left) against the chapter's table (right), {len} examples on {n} ranks, drop_last \
-             {drop_last}, no shuffle: pad by repeating the start \
-             (or cut the tail), then rank r takes positions r, r + n, r + 2n, ... (not a contiguous block)"
+             {drop_last}, no shuffle: read round by round (every rank's first index, then every rank's second, \
+             ...), the shards must be the order from its start, going on from its start again where it runs \
+             out (or leaving out the incomplete round with drop_last); a contiguous block per rank breaks this"
         );
     }
     // With shuffling, the same rule applies to the epoch's order.
@@ -148,7 +158,7 @@ fn padding_repeats_the_start_and_rank_r_takes_every_nth_index_from_r() {
             let expected: Vec<i64> = (0..shard.len()).map(|i| order[(i * n + rank) % order.len()]).collect();
             assert_eq!(
                 shard, &expected,
-                "your epoch_shard (left) against positions rank, rank + n, ... of the epoch's order (right): \
+                "your epoch_shard (left) against the epoch's order dealt round by round (right): \
                  {len} shuffled examples on {n} ranks, rank {rank}, epoch 2. The unshuffled table above \
                  passed, so look at the order: the permutation drawn from seed + epoch, the same on every rank"
             );
