@@ -93,14 +93,8 @@ fn overlap_timeline() -> anyhow::Result<String> {
         end_ms = end_ms.max(data.number(row, "to_ms")?);
     }
     let end_ms = end_ms.ceil();
-    let mut svg = Svg::new(760.0);
-    svg.title("One overlapped step on 2 ranks: buckets leave during backward");
-    svg.paragraph(
-        16.0,
-        48.0,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "One overlapped step on 2 ranks: buckets leave during backward",
         "Each rank computes forward, then backward; a bucket's all-reduce is launched (tick) as soon as its last \
          gradient is ready, and runs on the rank's communication thread (numbered bars, one after another) while \
          backward goes on. What is left when backward ends is the wait. Same time scale in both panels.",
@@ -138,6 +132,6 @@ fn overlap_timeline() -> anyhow::Result<String> {
         data.about("load_after")?,
         data.about("bucket_kib")?,
     );
-    svg.paragraph(16.0, y, 728.0, SMALL, MUTED, &caption);
+    svg.note(y, MUTED, &caption);
     Ok(svg.finish())
 }

@@ -8,7 +8,8 @@
 //!
 //! Drawn by `cargo run --example figures`.
 
-use crate::svg::{text_width, Anchor, Svg, INK, MUTED, PALE, PALETTE, SMALL, TEXT};
+use crate::chart::{Plot, Scale};
+use crate::svg::{text_width, Anchor, Svg, INK, MUTED, PALE, PALETTE, SMALL};
 use crate::timed_data::{read_data, read_text};
 use crate::Figure;
 
@@ -47,106 +48,73 @@ fn read_log(text: &str) -> anyhow::Result<(Vec<Logged>, String, (f64, f64))> {
     Ok((logged, text.lines().next().unwrap_or_default().to_string(), held_out))
 }
 
-/// A chart's frame: where it is, and the ranges it maps.
-struct Chart {
-    x: f64,
-    y: f64,
-    w: f64,
-    h: f64,
-    steps: f64,
-    top: f64,
+/// One chart of `logged`'s column (`value` picks it) against the step: its
+/// ticks, the guessing level dashed and labelled, the curve and its dots.
+struct Curve<'a> {
+    title: &'a str,
+    left: f64,
+    top_value: f64,
+    ticks: &'a [f64],
+    guessing: (f64, &'a str),
+    colour: &'a str,
 }
 
-impl Chart {
-    fn at(&self, step: f64, value: f64) -> (f64, f64) {
-        (self.x + self.w * step / self.steps, self.y + self.h * (1.0 - value / self.top))
-    }
-
-    /// Axes, a title, y ticks at `ticks`, and x ticks every 100 steps.
-    fn frame(&self, svg: &mut Svg, title: &str, ticks: &[f64], format: fn(f64) -> String) {
-        svg.text_styled(self.x, self.y - 10.0, TEXT, Anchor::Start, INK, true, title);
-        svg.line((self.x, self.y + self.h), (self.x + self.w, self.y + self.h), MUTED, 1.0);
-        svg.line((self.x, self.y), (self.x, self.y + self.h), MUTED, 1.0);
-        for &tick in ticks {
-            let (_, y) = self.at(0.0, tick);
-            svg.line((self.x - 4.0, y), (self.x, y), MUTED, 1.0);
-            svg.text_styled(self.x - 7.0, y + 4.5, SMALL, Anchor::End, MUTED, false, &format(tick));
-        }
-        let mut step = 0.0;
-        while step <= self.steps + 1e-9 {
-            let (x, y) = self.at(step, 0.0);
-            svg.line((x, y), (x, y + 4.0), MUTED, 1.0);
-            svg.text_styled(x, y + 18.0, SMALL, Anchor::Middle, MUTED, false, &format!("{step:.0}"));
-            step += 100.0;
-        }
-    }
-
-    /// A polyline through `points` (step, value), with a dot at each.
-    fn curve(&self, svg: &mut Svg, points: &[(f64, f64)], colour: &str) {
-        for pair in points.windows(2) {
-            svg.line(self.at(pair[0].0, pair[0].1), self.at(pair[1].0, pair[1].1), colour, 2.0);
-        }
-        for &(step, value) in points {
-            let (x, y) = self.at(step, value);
-            svg.rect(x - 2.5, y - 2.5, 5.0, 5.0, colour, None);
-        }
-    }
-
-    /// A dashed horizontal line at `value`, labelled at its right end.
-    fn level(&self, svg: &mut Svg, value: f64, label: &str) {
-        let (x0, y) = self.at(0.0, value);
-        let (x1, _) = self.at(self.steps, value);
-        let mut x = x0;
-        while x < x1 {
-            svg.line((x, y), ((x + 6.0).min(x1), y), MUTED, 1.0); // dashed: 6 px on, 4 off
-            x += 10.0;
-        }
-        svg.text_styled(x1, y - 5.0, SMALL, Anchor::End, MUTED, false, label);
-    }
+fn draw_curve(svg: &mut Svg, curve: &Curve, top: f64, last_step: f64, points: &[(f64, f64)]) -> Plot {
+    let plot = Plot {
+        left: curve.left,
+        top,
+        width: 290.0,
+        height: 170.0,
+        x: Scale::linear(0.0, last_step),
+        y: Scale::linear(0.0, curve.top_value),
+    };
+    let x_ticks: Vec<(f64, String)> =
+        (0..=(last_step / 100.0) as usize).map(|i| (100.0 * i as f64, format!("{}", 100 * i))).collect();
+    let decimals = if curve.top_value > 1.0 { 0 } else { 2 };
+    let y_ticks: Vec<(f64, String)> = curve.ticks.iter().map(|&v| (v, format!("{v:.decimals$}"))).collect();
+    plot.axes(svg, &x_ticks, &y_ticks, ("optimizer step", curve.title));
+    let (level, label) = curve.guessing;
+    plot.line(svg, &[(0.0, level), (last_step, level)], MUTED, true);
+    let (x, y) = plot.at(last_step, level);
+    svg.text_styled(x - 4.0, y - 6.0, SMALL, Anchor::End, MUTED, false, label);
+    plot.line(svg, points, curve.colour, false);
+    plot.dots(svg, points, curve.colour);
+    plot
 }
 
 fn training_curves() -> anyhow::Result<String> {
     let (logged, first_line, (held_accuracy, held_loss)) = read_log(&read_text("train.log")?)?;
     let last_step = logged.last().map_or(1.0, |l| l.0);
-    let mut svg = Svg::new(760.0);
-    svg.title("The training run: loss and accuracy, step by step");
-    svg.paragraph(16.0, 48.0, 728.0, SMALL, MUTED, &format!("From the run's log: {first_line}."));
+    let mut svg = Svg::headed(
+        "The training run: loss and accuracy, step by step",
+        &format!("From the run's log: {first_line}."),
+    );
     let top = svg.bottom() + 40.0;
-    let loss = Chart { x: 70.0, y: top, w: 290.0, h: 170.0, steps: last_step, top: 3.0 };
-    loss.frame(&mut svg, "Loss (global batch, sorted half)", &[0.0, 1.0, 2.0, 3.0], |v| format!("{v:.0}"));
-    loss.level(&mut svg, 15f64.ln(), "guessing: ln 15 = 2.71");
-    loss.curve(&mut svg, &logged.iter().map(|l| (l.0, l.1)).collect::<Vec<_>>(), PALETTE[0]);
-    let accuracy = Chart { x: 450.0, y: top, w: 290.0, h: 170.0, steps: last_step, top: 1.0 };
-    accuracy.frame(&mut svg, "Accuracy", &[0.0, 0.25, 0.5, 0.75, 1.0], |v| format!("{v:.2}"));
-    accuracy.level(&mut svg, 1.0 / 15.0, "guessing: 1/15");
-    accuracy.curve(&mut svg, &logged.iter().map(|l| (l.0, l.2)).collect::<Vec<_>>(), PALETTE[2]);
-    let (x, y) = accuracy.at(last_step, held_accuracy);
+    let loss = Curve {
+        title: "Loss (global batch, sorted half)",
+        left: 60.0,
+        top_value: 3.0,
+        ticks: &[0.0, 1.0, 2.0, 3.0],
+        guessing: (15f64.ln(), "guessing: ln 15 = 2.71"),
+        colour: PALETTE[0],
+    };
+    draw_curve(&mut svg, &loss, top, last_step, &logged.iter().map(|l| (l.0, l.1)).collect::<Vec<_>>());
+    let accuracy = Curve {
+        title: "Accuracy (global batch, sorted half)",
+        left: 440.0,
+        top_value: 1.0,
+        ticks: &[0.0, 0.25, 0.5, 0.75, 1.0],
+        guessing: (1.0 / 15.0, "guessing: 1/15"),
+        colour: PALETTE[2],
+    };
+    let points: Vec<(f64, f64)> = logged.iter().map(|l| (l.0, l.2)).collect();
+    let plot = draw_curve(&mut svg, &accuracy, top, last_step, &points);
+    let (x, y) = plot.at(last_step, held_accuracy);
     svg.rect(x - 6.0, y - 6.0, 12.0, 12.0, PALE[5], Some(PALETTE[5]));
-    svg.text_styled(
-        x - 10.0,
-        y + 24.0,
-        SMALL,
-        Anchor::End,
-        INK,
-        false,
-        &format!("held-out: {held_accuracy:.4}"),
-    );
-    let y = top + 170.0 + 44.0;
-    svg.text_styled(loss.x + loss.w / 2.0, y - 8.0, SMALL, Anchor::Middle, MUTED, false, "optimizer step");
-    svg.text_styled(
-        accuracy.x + accuracy.w / 2.0,
-        y - 8.0,
-        SMALL,
-        Anchor::Middle,
-        MUTED,
-        false,
-        "optimizer step",
-    );
-    svg.paragraph(
-        16.0,
-        y + 14.0,
-        728.0,
-        SMALL,
+    let held = format!("held-out: {held_accuracy:.4}");
+    svg.text_styled(x - 10.0, y + 24.0, SMALL, Anchor::End, INK, false, &held);
+    svg.note(
+        svg.bottom() + 24.0,
         MUTED,
         &format!(
             "Dots: the global batch's mean loss and accuracy at each logged step, over the half of each sequence that \
@@ -173,14 +141,8 @@ fn scaling_phases() -> anyhow::Result<String> {
     }
     let (left, right) = (130.0, 560.0);
     let scale = (right - left) / longest;
-    let mut svg = Svg::new(760.0);
-    svg.title("Where a training step's time goes, on 1, 2 and 4 ranks");
-    svg.paragraph(
-        16.0,
-        48.0,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "Where a training step's time goes, on 1, 2 and 4 ranks",
         &format!(
             "Rank 0's time per optimizer step, split into its phases; every run trains on the same global batch of \
              {} sequences, so a shorter bar is a faster run. The ranks share the machine's {} cores.",
@@ -222,6 +184,6 @@ fn scaling_phases() -> anyhow::Result<String> {
         data.about("load_before")?,
         data.about("load_after")?,
     );
-    svg.paragraph(16.0, y + 8.0, 728.0, SMALL, MUTED, &caption);
+    svg.note(y + 8.0, MUTED, &caption);
     Ok(svg.finish())
 }

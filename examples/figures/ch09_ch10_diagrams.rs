@@ -51,14 +51,8 @@ fn launcher(svg: &mut Svg, x: f64, y: f64, w: f64, text: &str, targets: &[f64], 
 }
 
 fn threads_processes_gpus() -> anyhow::Result<String> {
-    let mut svg = Svg::new(760.0);
-    svg.title("Threads, processes, GPUs: who owns the memory, who starts whom");
-    svg.paragraph(
-        16.0,
-        48.0,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "Threads, processes, GPUs: who owns the memory, who starts whom",
         "Arrows down: who starts whom. Each coloured box owns its memory: nothing crosses a box's edge but \
          what a collective sends. Two ranks shown; every rank holds a whole copy of the model.",
     );
@@ -75,14 +69,19 @@ fn threads_processes_gpus() -> anyhow::Result<String> {
     let ranks_y = y + 72.0; // the ranks' boxes, under their launcher's
     let two = |x: f64| centres(x).map(|cx| cx - half / 2.0);
 
+    // A column's launcher and its two ranks' boxes (`name` 0 and 1, in
+    // `colour`, saying `body`); returns the boxes' bottom.
+    let ranks = |svg: &mut Svg, x: f64, launched_by: &str, name: &str, colour: usize, body: &str| {
+        launcher(svg, x, y, w, launched_by, &centres(x), ranks_y);
+        let boxes = two(x).into_iter().enumerate();
+        boxes
+            .map(|(i, bx)| labelled(svg, bx, ranks_y, half, colour, &format!("{name} {i}"), body, 86.0))
+            .fold(0.0, f64::max)
+    };
+
     // Threads: one process, one memory; the ranks meet in a shared World.
     let x = columns[0];
-    launcher(&mut svg, x, y, w, "dist::spawn(2, body)", &centres(x), ranks_y);
-    let mut bottom = 0.0f64;
-    for (i, bx) in two(x).into_iter().enumerate() {
-        let (title, body) = (format!("rank {i}"), "a thread: model, grads, optimizer");
-        bottom = bottom.max(labelled(&mut svg, bx, ranks_y, half, 0, &title, body, 86.0));
-    }
+    let bottom = ranks(&mut svg, x, "dist::spawn(2, body)", "rank", 0, "a thread: model, grads, optimizer");
     let shared = "shared by the threads: a sum is computed once, every rank copies it out";
     let world_bottom =
         labelled(&mut svg, x + 8.0, bottom + 10.0, w - 16.0, 2, "World (src/dist/local)", shared, 0.0);
@@ -99,12 +98,8 @@ fn threads_processes_gpus() -> anyhow::Result<String> {
 
     // Processes: each its own memory; MPI carries every byte between them.
     let x = columns[1];
-    launcher(&mut svg, x, y, w, "scripts/launch.sh -np 2", &centres(x), ranks_y);
-    let mut bottom = 0.0f64;
-    for (i, bx) in two(x).into_iter().enumerate() {
-        let (title, body) = (format!("process {i}"), "rank from MPI; its own model, grads, optimizer, data");
-        bottom = bottom.max(labelled(&mut svg, bx, ranks_y, half, 4, &title, body, 86.0));
-    }
+    let body = "rank from MPI; its own model, grads, optimizer, data";
+    let bottom = ranks(&mut svg, x, "scripts/launch.sh -np 2", "process", 4, body);
     let between = "shared memory on one machine, the network between machines";
     labelled(&mut svg, x + 8.0, bottom + 10.0, w - 16.0, 1, "MPI (src/dist/mpi)", between, 0.0);
 
@@ -154,14 +149,8 @@ fn event(svg: &mut Svg, x: f64, y: f64, name: &str) {
 }
 
 fn nccl_streams() -> anyhow::Result<String> {
-    let mut svg = Svg::new(760.0);
-    svg.title("One bucket on a GPU: NCCL's stream waits for libtorch's, the host polls");
-    svg.paragraph(
-        16.0,
-        48.0,
-        728.0,
-        SMALL,
-        MUTED,
+    let mut svg = Svg::headed(
+        "One bucket on a GPU: NCCL's stream waits for libtorch's, the host polls",
         "The host only queues work and never blocks until its wait; each stream runs its queue in order. Event A, recorded on libtorch's \
          stream behind the kernels that wrote the bucket's gradients, holds NCCL's stream until they ran; \
          event B, behind the all-reduce, tells the host's wait when the sum is in place; then the host queues \
@@ -190,11 +179,8 @@ fn nccl_streams() -> anyhow::Result<String> {
     svg.arrow((b_x + 6.0, b_y - 20.0), (636.0, host + 38.0), PALETTE[5]);
 
     let y = nccl + 60.0;
-    svg.paragraph(
-        16.0,
+    svg.note(
         y,
-        728.0,
-        SMALL,
         MUTED,
         "In the code: launch (src/dist/nccl/group.rs) records A with Event::record_on(torch_stream()) and makes \
          NCCL's stream wait for it with Event::block, queues the NCCL call, then records B on NCCL's stream \
