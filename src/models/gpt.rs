@@ -176,7 +176,9 @@ impl Module for Block {
 
 /// The whole model. Parameter names, in registration order: `tok_emb.weight`,
 /// `pos_emb.weight`, `blocks.0.ln1.weight`, `blocks.0.ln1.bias`,
-/// `blocks.0.attn.qkv.weight`, ..., `ln_f.bias`, `lm_head.weight`; one buffer,
+/// `blocks.0.attn.qkv.bias`, `blocks.0.attn.qkv.weight` (tch registers a
+/// linear layer's bias before its weight), ..., `ln_f.bias`,
+/// `lm_head.weight`; one buffer,
 /// `causal_mask`.
 #[derive(Debug)]
 pub struct Gpt {
