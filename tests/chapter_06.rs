@@ -1,10 +1,10 @@
 //! Chapter 06 tests: overlapping communication with backward. The buckets
 //! that leave during backward must give bitwise the same training as chapter
 //! 5's buckets that leave after it, and one process on the global batch
-//! within TOLERANCE; they must leave in bucket order, the first before
-//! backward ends; a parameter without a gradient must fail every rank by
-//! name (or be averaged in with `find_unused_parameters`); `no_sync` must
-//! still send nothing.
+//! within TOLERANCE; they must leave in one order on every rank, whatever
+//! order the hooks fire in, the first before backward ends; a parameter
+//! without a gradient must fail every rank by name (or be averaged in with
+//! `find_unused_parameters`); `no_sync` must still send nothing.
 //!
 //! Your code:           `cargo test --test chapter_06`
 //! The reference code:  `cargo test --features solutions --test chapter_06`
