@@ -56,7 +56,7 @@ fn grid() -> Vec<(i64, usize, bool, bool)> {
 /// Counted by hand: one index per complete round of n, plus one from a last,
 /// incomplete round, which is padded (or, with drop_last, left out).
 fn expected_count(len: i64, n: usize, drop_last: bool) -> usize {
-    len as usize / n + usize::from(!drop_last && len as usize % n != 0)
+    len as usize / n + usize::from(!drop_last && !(len as usize).is_multiple_of(n))
 }
 
 #[test]
