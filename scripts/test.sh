@@ -5,7 +5,7 @@
 # It runs `cargo xtask test` (the runner is the xtask/ crate), whose checks
 # run in this order, each one even when an earlier one failed:
 #   fmt        cargo fmt --all --check
-#   book       mdbook build exits 0 and logs no ERROR
+#   book       mdbook build exits 0 and logs no ERROR or WARN
 #   includes   every {{#include}} of the book resolves to a file, an anchor
 #              with its ANCHOR_END, and some lines (mdBook itself would
 #              silently empty the listing)

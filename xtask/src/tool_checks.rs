@@ -85,14 +85,15 @@ pub fn book(ctx: &Context, report: &mut Report) {
     let Some(captured) = run_or_fail(report, "book", command, None, ctx.log("mdbook.log"), false) else {
         return;
     };
-    // mdBook logs a missing include file as ERROR and still exits 0, so any
-    // ERROR line fails the check; a missing anchor it does not even log,
-    // which is what the `includes` check is for.
-    if !captured.finished.success() || captured.output.contains("ERROR") {
+    // mdBook logs a missing include file as ERROR and still exits 0, and
+    // logs unbalanced HTML (a stray code fence that swallows a <details>)
+    // as WARN, so either fails the check; a missing anchor it does not even
+    // log, which is what the `includes` check is for.
+    let logged = |level: &str| captured.output.lines().any(|line| line.contains(level));
+    if !captured.finished.success() || logged("ERROR") || logged("WARN") {
         println!("{}", captured.output.trim_end());
-        return report.check("book", Outcome::Fail, "mdbook build failed or logged an ERROR");
+        return report.check("book", Outcome::Fail, "mdbook build failed or logged an ERROR or WARN");
     }
-    captured.output.lines().filter(|line| line.contains("WARN")).for_each(|line| println!("{line}"));
     let version = Command::new(&mdbook).arg("--version").output();
     let version =
         version.map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string()).unwrap_or_default();
