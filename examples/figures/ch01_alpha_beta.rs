@@ -124,7 +124,7 @@ fn alpha_beta() -> anyhow::Result<String> {
     svg.note(
         y + 20.0,
         MUTED,
-        "Drawn by `cargo run --example figures` from chapters/figures/data/collectives.tsv. The in-process \
+        "Drawn by cargo run --example figures from chapters/figures/data/collectives.tsv. The in-process \
          backend moves bytes through memory, not a network: its α is a thread hand-off, its β memory \
          bandwidth shared by every rank, so more ranks on 2 cores cost more per byte.",
     );

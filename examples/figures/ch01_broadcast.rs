@@ -105,7 +105,7 @@ fn broadcasts() -> anyhow::Result<String> {
     svg.note(
         svg.bottom() + 26.0,
         MUTED,
-        "Drawn by `cargo run --example figures`: both schedules run with send and recv on 8 in-process ranks; \
+        "Drawn by cargo run --example figures: both schedules run with send and recv on 8 in-process ranks; \
          each rank records the step its tensor arrived in, and checks that it holds the root's values.",
     );
     Ok(svg.finish())

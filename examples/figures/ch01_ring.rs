@@ -222,7 +222,7 @@ fn ring() -> anyhow::Result<String> {
     svg.note(
         y + 8.0,
         MUTED,
-        "Drawn by `cargo run --example figures` from a real run of chapter 1's reference ring \
+        "Drawn by cargo run --example figures from a real run of chapter 1's reference ring \
          (ch01_collectives::solution) on 4 in-process ranks, its chunks read before every step.",
     );
     Ok(svg.finish())

@@ -141,7 +141,7 @@ fn replicas() -> anyhow::Result<String> {
     svg.note(
         y + 24.0,
         MUTED,
-        "Drawn by `cargo run --example figures` from a run on 2 in-process ranks: Mlp::seeded, \
+        "Drawn by cargo run --example figures from a run on 2 in-process ranks: Mlp::seeded, \
          ddp::naive::sync_gradients, SGD (lr 0.1), ddp::verify_replicas.",
     );
     Ok(svg.finish())

@@ -101,7 +101,7 @@ fn no_sync_timeline() -> anyhow::Result<String> {
     svg.note(
         y,
         MUTED,
-        "Drawn by `cargo run --example figures` from SimpleDistributedDataParallelism::backward and no_sync, \
+        "Drawn by cargo run --example figures from SimpleDistributedDataParallelism::backward and no_sync, \
          counting ProcessGroup::stats().all_reduce around each backward.",
     );
     Ok(svg.finish())

@@ -79,7 +79,7 @@ fn gpt_buckets() -> anyhow::Result<String> {
     svg.note(
         y + 20.0,
         MUTED,
-        "Drawn by `cargo run --example figures` from ddp::plan_buckets on Gpt::seeded(0, GptConfig::tiny()).",
+        "Drawn by cargo run --example figures from ddp::plan_buckets on Gpt::seeded(0, GptConfig::tiny()).",
     );
     Ok(svg.finish())
 }

@@ -120,7 +120,7 @@ fn shards() -> anyhow::Result<String> {
     svg.note(
         y + 10.0,
         MUTED,
-        "Drawn by `cargo run --example figures` from DistributedSampler::with_options(10, 3, rank, \
+        "Drawn by cargo run --example figures from DistributedSampler::with_options(10, 3, rank, \
          SamplerOptions { shuffle: true, seed: 0, drop_last }), set_epoch, indices and epoch_order.",
     );
     Ok(svg.finish())
