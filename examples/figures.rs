@@ -57,6 +57,7 @@ figure_modules! {
     ch01_alpha_beta => "figures/ch01_alpha_beta.rs",
     ch01_broadcast => "figures/ch01_broadcast.rs",
     ch02_replicas => "figures/ch02_replicas.rs",
+    ch03_average => "figures/ch03_average.rs",
     ch04_no_sync => "figures/ch04_no_sync.rs",
     ch05_buckets => "figures/ch05_buckets.rs",
     ch06_timeline => "figures/ch06_timeline.rs",
