@@ -25,6 +25,9 @@ use anyhow::Context;
 
 #[path = "figures/chart.rs"]
 mod chart;
+#[allow(dead_code)] // the tests' fixture: the ring figure intercepts send and recv only
+#[path = "../tests/common/forwarding.rs"]
+mod forwarding;
 #[allow(dead_code)] // shared by every figure module, none of which uses every shape
 #[path = "figures/svg.rs"]
 mod svg;

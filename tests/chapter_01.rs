@@ -16,6 +16,9 @@
 mod all_gather;
 #[path = "chapter_01/controls.rs"]
 mod controls;
+#[allow(dead_code)] // the shared fixture: chapter 1 changes only send and recv
+#[path = "common/forwarding.rs"]
+mod forwarding;
 #[path = "chapter_01/waiting_sends.rs"]
 mod waiting_sends;
 

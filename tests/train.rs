@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::replaced_all_reduce::{AllReduceAsync, ReplacedAllReduce};
+use common::forwarding::{AllReduceAsync, Forwarding, ReplaceAllReduce};
 use ddp_workbook::check::{compare_replicas, max_reference_diff, snapshot};
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
 use ddp_workbook::ddp::Named;
@@ -319,10 +319,10 @@ fn a_run_whose_gradients_are_never_averaged_fails_its_replica_check() {
     let run = dist::spawn(2, |pg| {
         // Every all-reduce leaves its tensor as it is: no gradient is ever averaged.
         let do_nothing: AllReduceAsync = |_, _, _| Ok(Work::new(|| Ok(())));
-        let unsynced: Group = Arc::new(ReplacedAllReduce {
+        let unsynced: Group = Arc::new(Forwarding {
             inner: pg,
             name: "all-reduces-do-nothing",
-            all_reduce_async: do_nothing,
+            intercept: ReplaceAllReduce(do_nothing),
         });
         train::train_rank(unsynced, &config, &|_| {})
     });

@@ -11,9 +11,10 @@ use std::sync::Mutex;
 
 use anyhow::ensure;
 use ddp_workbook::ch01_collectives::solution::{ring_all_gather, ring_reduce_scatter};
-use ddp_workbook::dist::{spawn, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
+use ddp_workbook::dist::{spawn, DistError, Group};
 use ddp_workbook::tch::Tensor;
 
+use crate::forwarding::{Forwarding, Intercept};
 use crate::svg::{Anchor, Svg, INK, MUTED, PALETTE, SMALL, TEXT};
 use crate::Figure;
 
@@ -44,19 +45,19 @@ struct Seen {
     sent: Option<(usize, Partial)>, // (to, what)
 }
 
-/// A process group that forwards every call to `inner` and, before each
-/// step's first point-to-point call (a send or a recv: ranks alternate which
-/// comes first), reads every chunk of this rank. The chunks are handles on
-/// the very tensors the phases work on (they add into them and receive into
-/// them in place), so what it reads is what the ring holds.
-struct Watching {
-    inner: Group,
+/// What makes a [`Forwarding`] group watch the ring: before each step's
+/// first point-to-point call (a send or a recv: ranks alternate which comes
+/// first), it reads every chunk of this rank; every other call goes to the
+/// real group. The chunks are handles on the very tensors the phases work
+/// on (they add into them and receive into them in place), so what it reads
+/// is what the ring holds.
+struct Watch {
     chunks: Mutex<Vec<Tensor>>, // a Mutex: a ProcessGroup is Sync, a Tensor is not
     calls: Mutex<usize>,
     seen: Mutex<Vec<Seen>>,
 }
 
-impl Watching {
+impl Watch {
     fn before_call(&self) {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         if calls.is_multiple_of(2) {
@@ -67,44 +68,17 @@ impl Watching {
     }
 }
 
-impl ProcessGroup for Watching {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
-        self.inner.broadcast(tensor, root)
-    }
-    fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
-        self.inner.all_reduce_async(tensor, op)
-    }
-    fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
-        self.inner.all_gather(tensor)
-    }
-    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        self.inner.reduce_scatter(tensor, op)
-    }
-    fn barrier(&self) -> Result<(), DistError> {
-        self.inner.barrier()
-    }
-    fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
+impl Intercept for Watch {
+    fn send(&self, inner: &Group, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
         self.before_call();
         if let Some(last) = self.seen.lock().unwrap_or_else(|p| p.into_inner()).last_mut() {
             last.sent = Some((dst, read(tensor)));
         }
-        self.inner.send(tensor, dst)
+        inner.send(tensor, dst)
     }
-    fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
+    fn recv(&self, inner: &Group, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
         self.before_call();
-        self.inner.recv(tensor, src)
-    }
-    fn stats(&self) -> CommStats {
-        self.inner.stats()
+        inner.recv(tensor, src)
     }
 }
 
@@ -119,15 +93,15 @@ fn run_ring() -> anyhow::Result<Vec<Phases>> {
             (0..RANKS).map(|c| Tensor::from_slice(&[f64::from(1u32 << rank), c as f64])).collect();
         let mut phases = Vec::new();
         for phase in [ring_reduce_scatter, ring_all_gather] {
-            let watching = Watching {
-                inner: pg.clone(),
+            let watch = Watch {
                 chunks: Mutex::new(chunks.iter().map(Tensor::shallow_clone).collect()),
                 calls: Mutex::new(0),
                 seen: Mutex::new(Vec::new()),
             };
+            let watching = Forwarding { inner: pg.clone(), name: "in-process, watched", intercept: watch };
             phase(&watching, &mut chunks)?;
             // The watcher read the phase's own tensors only if it worked in place.
-            let watched_chunks = watching.chunks.into_inner().unwrap_or_default();
+            let watched_chunks = watching.intercept.chunks.into_inner().unwrap_or_default();
             for (mine, watched) in chunks.iter().zip(&watched_chunks) {
                 ensure!(
                     mine.data_ptr() == watched.data_ptr(),
@@ -135,7 +109,7 @@ fn run_ring() -> anyhow::Result<Vec<Phases>> {
                 );
             }
             let end: Vec<Partial> = chunks.iter().map(read).collect();
-            phases.push((watching.seen.into_inner().unwrap_or_default(), end));
+            phases.push((watching.intercept.seen.into_inner().unwrap_or_default(), end));
         }
         let [reduce, gather]: [_; 2] = phases.try_into().map_err(|_| anyhow::anyhow!("two phases"))?;
         Ok([reduce, gather])

@@ -3,7 +3,7 @@
 //! (`cargo run --release --example bench_overlap -- --timeline`). Included
 //! with `#[path = "support/timed_group.rs"] mod timed_group;`; the group
 //! itself is the tests' forwarding group with a replaced all-reduce
-//! (tests/common/replaced_all_reduce.rs), included here.
+//! (tests/common/forwarding.rs), included here.
 //!
 //! Why a watcher thread: a backend's `Work` says nothing until it is waited
 //! on, and the overlapped driver waits only after backward, so the time its
@@ -21,9 +21,9 @@ use ddp_workbook::dist::{DistError, Group, ReduceOp, Work};
 use ddp_workbook::tch::Tensor;
 
 #[allow(dead_code)] // the fn-pointer alias is the tests' own
-#[path = "../../tests/common/replaced_all_reduce.rs"]
-mod replaced_all_reduce;
-use replaced_all_reduce::ReplacedAllReduce;
+#[path = "../../tests/common/forwarding.rs"]
+mod forwarding;
+use forwarding::{Forwarding, ReplaceAllReduce};
 
 /// An all-reduce for the watcher: its number since the last
 /// [`Watcher::restart`], its real handle, and where to send the result.
@@ -48,7 +48,8 @@ pub fn timed_group(inner: Group) -> (Group, Arc<Watcher>) {
     let watching = watcher.clone();
     let all_reduce_async =
         move |inner: &Group, tensor: &Tensor, op: ReduceOp| watching.launch(inner, tensor, op);
-    let group: Group = Arc::new(ReplacedAllReduce { inner, name: "in-process, timed", all_reduce_async });
+    let intercept = ReplaceAllReduce(all_reduce_async);
+    let group: Group = Arc::new(Forwarding { inner, name: "in-process, timed", intercept });
     (group, watcher)
 }
 

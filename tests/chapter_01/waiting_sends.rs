@@ -12,9 +12,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ddp_workbook::ch01_collectives::ring_all_reduce;
-use ddp_workbook::dist::{spawn_with, CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
+use ddp_workbook::dist::{spawn_with, DistError, Group, ProcessGroup};
 use ddp_workbook::tch::Tensor;
 
+use super::forwarding::{Forwarding, Intercept};
 use super::{describe, integer_valued_f32, options, values, WORLD_SIZES};
 
 /// How long a waiting send waits for its receive before it gives up: long
@@ -31,42 +32,16 @@ struct Rendezvous {
     changed: Condvar,
 }
 
-/// A rank's process group whose `send` returns only once the receiver has
-/// called the matching `recv`. Everything else goes to the real group.
-struct WaitingSends {
-    inner: Group,
-    rendezvous: Arc<Rendezvous>,
-}
+/// What makes a rank's [`Forwarding`] group's `send` return only once the
+/// receiver has called the matching `recv`; every other call goes to the
+/// real group.
+struct SendsWaitForReceives(Arc<Rendezvous>);
 
-impl ProcessGroup for WaitingSends {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn backend(&self) -> &'static str {
-        "waiting-sends"
-    }
-    fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
-        self.inner.broadcast(tensor, root)
-    }
-    fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
-        self.inner.all_reduce_async(tensor, op)
-    }
-    fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
-        self.inner.all_gather(tensor)
-    }
-    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        self.inner.reduce_scatter(tensor, op)
-    }
-    fn barrier(&self) -> Result<(), DistError> {
-        self.inner.barrier()
-    }
-    fn send(&self, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
-        self.inner.send(tensor, dst)?; // the message is on its way; now wait for its receive
-        let link = (self.rank(), dst);
-        let mut counts = self.rendezvous.counts.lock().unwrap();
+impl Intercept for SendsWaitForReceives {
+    fn send(&self, inner: &Group, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
+        inner.send(tensor, dst)?; // the message is on its way; now wait for its receive
+        let link = (inner.rank(), dst);
+        let mut counts = self.0.counts.lock().unwrap();
         let entry = counts.entry(link).or_default();
         entry.0 += 1;
         let nth = entry.0;
@@ -76,26 +51,23 @@ impl ProcessGroup for WaitingSends {
             if left.is_zero() {
                 let op = format!("send #{nth} to rank {dst}, {STUCK}");
                 return Err(DistError::Timeout {
-                    rank: self.rank(),
+                    rank: inner.rank(),
                     op,
                     missing: vec![dst],
                     waited: start.elapsed(),
                 });
             }
-            counts = self.rendezvous.changed.wait_timeout(counts, left).unwrap().0;
+            counts = self.0.changed.wait_timeout(counts, left).unwrap().0;
         }
         Ok(())
     }
-    fn recv(&self, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
+    fn recv(&self, inner: &Group, tensor: &mut Tensor, src: usize) -> Result<(), DistError> {
         {
-            let mut counts = self.rendezvous.counts.lock().unwrap();
-            counts.entry((src, self.rank())).or_default().1 += 1; // the receive is posted
-            self.rendezvous.changed.notify_all();
+            let mut counts = self.0.counts.lock().unwrap();
+            counts.entry((src, inner.rank())).or_default().1 += 1; // the receive is posted
+            self.0.changed.notify_all();
         }
-        self.inner.recv(tensor, src)
-    }
-    fn stats(&self) -> CommStats {
-        self.inner.stats()
+        inner.recv(tensor, src)
     }
 }
 
@@ -109,7 +81,8 @@ fn the_ring_finishes_where_a_send_waits_for_its_receive() {
         );
         let rendezvous = Arc::new(Rendezvous::default());
         let outcome = spawn_with(options(world_size), |group| {
-            let pg = WaitingSends { inner: group, rendezvous: rendezvous.clone() };
+            let intercept = SendsWaitForReceives(rendezvous.clone());
+            let pg = Forwarding { inner: group, name: "waiting-sends", intercept };
             let mut t = integer_valued_f32(pg.rank(), &shape);
             ring_all_reduce(&pg, &mut t)?;
             values(&t)

@@ -13,7 +13,7 @@ use ddp_workbook::ch06_overlap::{learner, Bucket};
 use ddp_workbook::dist::{DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::{self, Device, Kind, Tensor};
 
-use super::common::replaced_all_reduce::ReplacedAllReduce;
+use super::common::forwarding::{Forwarding, ReplaceAllReduce};
 use super::common::run;
 
 /// An `all_reduce_async` that sends the tensor as it is at the call and
@@ -33,10 +33,10 @@ fn late_all_reduce(group: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Work,
 fn the_bucket_is_read_and_divided_only_where_the_all_reduce_cannot_overwrite_it() {
     for world_size in [2, 3] {
         let per_rank = run(world_size, |group| {
-            let pg = ReplacedAllReduce {
+            let pg = Forwarding {
                 inner: group,
                 name: "late-all-reduce",
-                all_reduce_async: late_all_reduce,
+                intercept: ReplaceAllReduce(late_all_reduce),
             };
             let own = 1.0 + pg.rank() as f64; // this rank's gradient, in every element
             let param = Tensor::zeros([2, 3], (Kind::Double, Device::Cpu)).set_requires_grad(true);

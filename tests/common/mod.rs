@@ -9,7 +9,7 @@
 
 #![allow(dead_code)] // every test binary uses its own part of the fixture
 
-pub mod replaced_all_reduce;
+pub mod forwarding;
 
 use std::time::Duration;
 
