@@ -153,6 +153,19 @@ impl GradientBuckets {
         b: usize,
         params: &[Named],
     ) -> Result<Work, DistError> {
+        self.fill_bucket(pg, b, params)?;
+        tch::no_grad(|| pg.all_reduce_async(&self.buffers[b], ReduceOp::Sum))
+    }
+
+    /// Installs bucket `b`'s gradients in their slots, zeros in the slot of
+    /// a parameter without one: the buffer as it leaves, by the library's
+    /// all-reduce or a communication hook (`comm_hook.rs`).
+    pub(super) fn fill_bucket(
+        &self,
+        pg: &dyn ProcessGroup,
+        b: usize,
+        params: &[Named],
+    ) -> Result<(), DistError> {
         tch::no_grad(|| {
             for &member in &self.layout[b].params {
                 if params[member].1.grad().defined() {
@@ -164,7 +177,7 @@ impl GradientBuckets {
                         .map_err(|e| torch_error(pg, "zeroing a missing gradient's slot")(e))?;
                 }
             }
-            pg.all_reduce_async(&self.buffers[b], ReduceOp::Sum)
+            Ok(())
         })
     }
 

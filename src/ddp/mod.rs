@@ -19,6 +19,7 @@
 //! | buckets re-planned from the observed order: [`agree_on_order`], [`replanned`] | `layout.rs` | 6 |
 //! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 7 |
 //! | one optimizer step with accumulation: [`train_step`], for any [`StepOptimizer`] | `step.rs` | 7 |
+//! | communication hooks: [`CommHook`], [`bf16_compress_hook`] (bf16 on the wire) | `comm_hook.rs` | 12 |
 //! | the chapters' seams, never used by the library: [`seams`] | `seams.rs` | 2-6 |
 //!
 //! ```no_run
@@ -41,6 +42,7 @@
 mod batch;
 mod bucketed;
 mod buckets;
+mod comm_hook;
 mod layout;
 pub mod naive;
 mod no_sync;
@@ -58,6 +60,7 @@ pub use crate::models::Named;
 pub use batch::{check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError};
 pub use bucketed::{sync_bucket, BucketingError};
 pub use buckets::{FlatGroups, GradientBuckets};
+pub use comm_hook::{bf16_compress_hook, CommHook};
 pub use layout::{
     agree_on_order, check_plan, layout_fingerprint, plan_buckets, replanned, Bucket, BucketCaps, ParamMeta,
     DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,

@@ -201,6 +201,12 @@ impl OverlappedBuckets {
         Self::hooked(pg, params, buckets, Box::new(LibrarySteps))
     }
 
+    /// From the next backward on, runs `steps` instead of the current ones
+    /// (a communication hook's, `comm_hook.rs`).
+    pub(super) fn set_steps(&self, steps: Box<dyn BucketSteps>) {
+        self.lock().steps = steps;
+    }
+
     /// [`new`](Self::new), running `steps` (chapter 6's, through `ddp::seams`).
     pub(crate) fn hooked(
         pg: Group,

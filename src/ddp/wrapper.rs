@@ -17,6 +17,7 @@ use tch::{TchError, Tensor};
 
 use super::bucketed::BucketingError;
 use super::buckets::{FlatGroups, GradientBuckets};
+use super::comm_hook::{CommHook, HookSteps};
 use super::layout::{Bucket, BucketCaps};
 use super::no_sync::{NoSyncGuard, SyncSwitch};
 use super::overlap::OverlappedBuckets;
@@ -206,6 +207,14 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     pub fn find_unused_parameters(mut self, on: bool) -> Self {
         self.find_unused = on;
         self
+    }
+
+    /// PyTorch's `register_comm_hook`: from the next backward on, each
+    /// bucket is averaged by `hook` instead of the library's all-reduce and
+    /// division (`ddp::bf16_compress_hook` sends bfloat16, half the bytes).
+    /// Register the same hook on every rank, between steps.
+    pub fn register_comm_hook(&self, hook: CommHook) {
+        self.buckets.set_steps(Box::new(HookSteps(hook)));
     }
 
     /// Whether the next `backward` will average the gradients.

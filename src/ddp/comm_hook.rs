@@ -1,0 +1,72 @@
+//! Spoiler: this file holds the library's answer to chapter 12's
+//! `bf16_compress_hook` (`src/ch12_bf16/exercise.rs`). Working through the
+//! book? Write yours first; the book shows it at the end of the chapter.
+//!
+//! Communication hooks (PyTorch's `register_comm_hook`): a hook replaces how
+//! one bucket is averaged over the ranks. The wrapper's default is no hook at
+//! all: the bucket's all-reduce (SUM) in its own dtype, then the division by
+//! the world size (`buckets.rs`), a path this file does not touch. A
+//! registered hook ([`SimpleDistributedDataParallelism::register_comm_hook`](super::SimpleDistributedDataParallelism::register_comm_hook))
+//! is handed each complete bucket's flat buffer during backward and returns
+//! a [`Work`]; once that is waited on, the buffer must hold the mean.
+//!
+//! [`bf16_compress_hook`] (PyTorch's `bf16_compress_hook`) sends bfloat16:
+//! half the bytes of float32, with bf16's 8 significant bits (chapter 12
+//! derives the error and `tests/chapter_12.rs` bounds it).
+//!
+//! Tested by `cargo test --features solutions --test chapter_12`.
+
+use tch::{Kind, Tensor};
+
+use super::overlap::{BucketSteps, Buckets};
+use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
+
+/// Averages one bucket over the ranks, in place of the library's all-reduce
+/// and division: handed the bucket's flat buffer (`[numel]`, the bucket's
+/// dtype, this rank's gradients in their slots), it starts the
+/// communication and returns its handle; once the handle is waited on, the
+/// buffer holds the mean over the ranks, bitwise the same on every rank.
+/// Every rank must register the same hook.
+pub type CommHook = fn(&dyn ProcessGroup, &Tensor) -> Result<Work, DistError>;
+
+// ANCHOR: bf16_compress_hook
+/// Starts averaging one bucket over the ranks with an all-reduce that
+/// carries bfloat16, half the bytes of float32. `buffer` is the bucket's
+/// flat gradients in their own dtype (f32 or f64). When the returned
+/// [`Work`] is waited on, `buffer` holds their mean over the ranks, in its
+/// own dtype, bitwise the same on every rank, with no more roundings to
+/// bf16's 8 significant bits than the all-reduce itself needs: each rank's
+/// contribution is rounded once, and the sum's partial sums once each.
+pub fn bf16_compress_hook(pg: &dyn ProcessGroup, buffer: &Tensor) -> Result<Work, DistError> {
+    let op = "casting a bucket to bfloat16";
+    // Divided in the bucket's own precision first: a division in bf16 (by
+    // 3, say) would round once more; bf16 has float32's exponent range, so
+    // dividing first costs nothing in range either.
+    let compressed = tch::no_grad(|| buffer.f_div_scalar(pg.world_size() as f64)?.f_to_kind(Kind::BFloat16))
+        .map_err(torch_error(pg, op))?;
+    let sum = pg.all_reduce_async(&compressed, ReduceOp::Sum)?; // the sum happens in bf16
+    let mut bucket = buffer.shallow_clone();
+    let written_back = torch_error(pg, "writing the bf16 average back into its bucket");
+    Ok(Work::new(move || {
+        sum.wait()?;
+        // Widening bf16 to f32 or f64 is exact: the bucket gets the sum as sent.
+        tch::no_grad(|| bucket.f_copy_(&compressed)).map_err(written_back)
+    }))
+}
+// ANCHOR_END: bf16_compress_hook
+
+/// The overlapped sync's steps with a hook: the library's `mark_ready` and
+/// gradients installed in their slots, then the hook instead of the
+/// all-reduce, and no division after it (the hook averages).
+pub(super) struct HookSteps(pub CommHook);
+
+impl BucketSteps for HookSteps {
+    fn launch(&self, (pg, buckets, params): Buckets<'_>, b: usize) -> Result<Work, DistError> {
+        buckets.fill_bucket(pg, b, params)?;
+        (self.0)(pg, &buckets.buffer(b))
+    }
+
+    fn finish(&self, _: Buckets<'_>, _: usize, work: Work) -> Result<(), DistError> {
+        work.wait()
+    }
+}
