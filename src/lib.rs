@@ -33,5 +33,6 @@ pub mod ch04_accumulation;
 pub mod ch05_bucketing;
 pub mod ch06_overlap;
 pub mod ch07_sharding;
+pub mod ch12_bf16;
 pub mod notebook;
 pub mod train;

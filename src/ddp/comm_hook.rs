@@ -21,6 +21,7 @@ use tch::{Kind, Tensor};
 use super::overlap::{BucketSteps, Buckets};
 use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
 
+// ANCHOR: comm_hook
 /// Averages one bucket over the ranks, in place of the library's all-reduce
 /// and division: handed the bucket's flat buffer (`[numel]`, the bucket's
 /// dtype, this rank's gradients in their slots), it starts the
@@ -28,6 +29,7 @@ use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
 /// buffer holds the mean over the ranks, bitwise the same on every rank.
 /// Every rank must register the same hook.
 pub type CommHook = fn(&dyn ProcessGroup, &Tensor) -> Result<Work, DistError>;
+// ANCHOR_END: comm_hook
 
 // ANCHOR: bf16_compress_hook
 /// Starts averaging one bucket over the ranks with an all-reduce that
