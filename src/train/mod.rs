@@ -35,7 +35,7 @@ mod state_dict;
 pub use checkpoint::{Checkpoint, CheckpointError, LoopPosition, SaveStep, Setting};
 #[cfg(feature = "nccl")]
 pub use gpu::{train_as_gpu_process, train_on_gpus};
-pub use optim::AdamW;
+pub use optim::{AdamW, AdamWUpdate};
 pub use outcome::{Evaluation, Event, RankOutcome};
 pub use phases::StepPhases;
 pub use replicas::{check_replicas_agree, ReplicasDiffer};
