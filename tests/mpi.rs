@@ -13,6 +13,8 @@ mod common;
 #[path = "mpi/harness.rs"]
 mod harness;
 
+#[path = "mpi/bf16.rs"]
+mod bf16;
 #[path = "mpi/chapters.rs"]
 mod chapters;
 #[path = "mpi/collectives.rs"]

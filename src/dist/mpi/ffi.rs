@@ -44,7 +44,8 @@ fn check(code: c_int, what: &str) -> Result<(), String> {
 }
 
 /// MPI's datatype for elements of `kind`. Half and BFloat16 travel as
-/// 16-bit words: they can be moved, but MPI cannot add them.
+/// 16-bit words: they can be moved, but MPI cannot add them (the backend
+/// sums BFloat16 with an operation of its own, `bf16_sum.rs`).
 pub(crate) fn datatype(kind: Kind) -> Option<sys::MPI_Datatype> {
     // SAFETY: reading the constants that mpi-sys exports.
     unsafe {
@@ -65,11 +66,17 @@ pub(crate) fn datatype(kind: Kind) -> Option<sys::MPI_Datatype> {
 
 /// MPI's reduction for `op` on `kind`. AVG has no MPI operation: it is
 /// summed here and divided by the world size afterwards. On booleans, as in
-/// libtorch, a sum is a logical or and a product a logical and.
+/// libtorch, a sum is a logical or and a product a logical and. BFloat16
+/// sums with the backend's own operation (`bf16_sum.rs`); MPI has none.
 pub(crate) fn reduction(kind: Kind, op: ReduceOp) -> Result<sys::MPI_Op, String> {
+    if kind == Kind::BFloat16 && matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+        return super::bf16_sum::bf16_sum();
+    }
     if matches!(kind, Kind::Half | Kind::BFloat16) {
         return Err(format!(
-            "MPI cannot reduce {kind:?} tensors; reduce them as Float (`.to_kind(Kind::Float)`)"
+            "MPI cannot {} {kind:?} tensors (BFloat16 only sums); reduce them as Float \
+             (`.to_kind(Kind::Float)`)",
+            op.name()
         ));
     }
     // SAFETY: reading the constants that mpi-sys exports.

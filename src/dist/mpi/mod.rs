@@ -38,6 +38,7 @@
 //! thread; `engine/failures.rs`, how it breaks and ends), `job.rs` (one
 //! call in flight), `ffi.rs` (the raw MPI calls).
 
+mod bf16_sum;
 mod engine;
 mod ffi;
 mod group;
