@@ -66,3 +66,8 @@ fn ch07_distributed_sampler_and_set_epoch() {
 fn ch08_training_loop_with_rank_0_checkpoints() {
     run_twin("ch08_training_run.py");
 }
+
+#[test]
+fn ch12_bf16_compress_hook() {
+    run_twin("ch12_bf16.py");
+}
