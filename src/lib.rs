@@ -33,6 +33,7 @@ pub mod ch04_accumulation;
 pub mod ch05_bucketing;
 pub mod ch06_overlap;
 pub mod ch07_sharding;
+pub mod ch11_zero;
 pub mod ch12_bf16;
 pub mod notebook;
 pub mod train;

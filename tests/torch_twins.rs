@@ -1,7 +1,8 @@
 //! Each chapter's PyTorch twin runs and passes its own checks: the scripts
 //! of scripts/torch/twins/ (chapters 3 to 8: averaging by hand, no_sync
 //! accumulation, bucket caps, overlap through a comm hook, the
-//! DistributedSampler, the training loop with rank-0 checkpoints), each
+//! DistributedSampler, the training loop with rank-0 checkpoints; chapter
+//! 11: ZeroRedundancyOptimizer), each
 //! under `torchrun --standalone --nproc-per-node 2` with gloo on CPU. A twin
 //! checks PyTorch's DDP against one process on the global batch and prints
 //! PASS, or raises; the chapters include their lines.
@@ -65,6 +66,11 @@ fn ch07_distributed_sampler_and_set_epoch() {
 #[test]
 fn ch08_training_loop_with_rank_0_checkpoints() {
     run_twin("ch08_training_run.py");
+}
+
+#[test]
+fn ch11_zero_redundancy_optimizer() {
+    run_twin("ch11_zero.py");
 }
 
 #[test]

@@ -1,0 +1,32 @@
+//! Chapter 11 tests: sharding the optimizer (ZeRO stage 1).
+//!
+//! Your code:           `cargo test --test chapter_11`
+//! The reference code:  `cargo test --features solutions --test chapter_11`
+//! See the measured numbers: add `-- --nocapture`
+//!
+//! Several files, one test binary:
+//! - `chapter_11/shards.rs`: `shard_of` alone: the chapter's table by hand,
+//!   and shards that tile the padded buffer with less than one element of
+//!   padding per rank;
+//! - `chapter_11/training.rs`: `ShardedAdamW` trained on 2, 3 and 4 ranks
+//!   with buckets that do not divide by the world size, against plain DDP
+//!   with AdamW and one process on the global batch, after every step; the
+//!   moments each rank keeps (1/N of DDP's) and the bytes it hands to
+//!   collectives, measured;
+//! - `chapter_11/memory.rs`: the moments per rank on the training run's
+//!   tiny GPT, on 1, 2, 4 and 8 ranks (the book's table);
+//! - `chapter_11/controls.rs`: the controls, which never run your code: the
+//!   DDP run matches one process, and AdamW on slices of a flat buffer gives
+//!   the bits AdamW gives on the whole.
+
+// `#[path]`, because a module file directly in `tests/` would be built as a
+// test binary of its own.
+mod common;
+#[path = "chapter_11/controls.rs"]
+mod controls;
+#[path = "chapter_11/memory.rs"]
+mod memory;
+#[path = "chapter_11/shards.rs"]
+mod shards;
+#[path = "chapter_11/training.rs"]
+mod training;

@@ -1,0 +1,252 @@
+//! Chapter 11 tests, part 2: `ShardedAdamW` trained on 2, 3 and 4 ranks.
+//! Compiled into `cargo test --test chapter_11` (see `tests/chapter_11.rs`).
+//!
+//! Every rank trains the same f64 MLP on its own rows of each global batch;
+//! the buckets (4, 18 and 25 elements) do not all divide by any of the world
+//! sizes, so the padding is exercised. Two references, computed other ways:
+//! plain DDP (the library's wrapper, which all-reduces, and the training
+//! run's `AdamW` on every rank) and one process with that `AdamW` on the
+//! whole global batch. ZeRO-1 changes where the optimizer's arithmetic runs,
+//! not what it computes: after every step it must equal DDP bit for bit (the
+//! same sum, division and AdamW on every element) and one process within
+//! `TOLERANCE` (the order of the additions differs there).
+
+use ddp_workbook::ch11_zero::{AdamW, BucketCaps, Replicated, ShardedAdamW};
+use ddp_workbook::check::snapshot;
+use ddp_workbook::data::Regression;
+use ddp_workbook::ddp;
+use ddp_workbook::dist::{CommStats, Group};
+use ddp_workbook::models::{named_parameters, Mlp};
+use ddp_workbook::tch::{Kind, Tensor};
+
+use crate::common::{assert_matches_one_process, mse, run, Hints, Named, Step, TOLERANCE};
+
+pub(super) const SIZES: &[i64] = &[4, 5, 3, 1]; // 47 parameters
+const MODEL_SEED: i64 = 31;
+const DATA_SEED: i64 = 32;
+const ROWS_PER_RANK: i64 = 2;
+pub(super) const STEPS: usize = 4;
+pub(super) const LR: f64 = 0.01;
+pub(super) const WEIGHT_DECAY: f64 = 0.1;
+/// With f64 parameters: buckets of 4, 18 and 25 elements (the last layer's
+/// weight and bias first), in that order.
+pub(super) const CAPS: BucketCaps = BucketCaps { cap_bytes: 256, first_cap_bytes: 64 };
+const BUCKET_NUMELS: [usize; 3] = [4, 18, 25];
+const F64_BYTES: usize = 8;
+
+/// One rank's record of a run.
+pub(super) struct RankRun {
+    pub(super) after_each_step: Vec<Named>,
+    /// Bytes of AdamW moments this rank holds.
+    pub(super) moment_bytes: usize,
+    /// What this rank handed to collectives during each step's sync (DDP:
+    /// its backward; ZeRO: its optimizer step).
+    pub(super) sync_stats: Vec<CommStats>,
+}
+
+fn data() -> Regression {
+    Regression::new(DATA_SEED, 4 * ROWS_PER_RANK * STEPS as i64, 4, 1, Kind::Double)
+}
+
+/// Rank `rank`'s rows of global batch `step`.
+fn rank_batch(data: &Regression, world_size: usize, step: usize, rank: usize) -> (Tensor, Tensor) {
+    let global = ROWS_PER_RANK * world_size as i64;
+    data.batch(step as i64 * global + rank as i64 * ROWS_PER_RANK, ROWS_PER_RANK)
+}
+
+fn delta(after: CommStats, before: &CommStats) -> CommStats {
+    CommStats {
+        all_reduce: after.all_reduce - before.all_reduce,
+        all_gather: after.all_gather - before.all_gather,
+        reduce_scatter: after.reduce_scatter - before.reduce_scatter,
+        collective_bytes: after.collective_bytes - before.collective_bytes,
+        ..CommStats::default()
+    }
+}
+
+/// ZeRO-1: the library's replicated model, YOUR shards and step.
+pub(super) fn train_zero(world_size: usize) -> Vec<RankRun> {
+    run(world_size, |pg: Group| {
+        let data = data();
+        let (vs, module) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+        let model = Replicated::new(module, &vs, pg.clone())?;
+        let mut optimizer = ShardedAdamW::new(model.parameters(), pg.clone(), CAPS, LR, WEIGHT_DECAY)?;
+        let numels: Vec<usize> = optimizer.buckets().iter().map(|b| b.numel).collect();
+        anyhow::ensure!(
+            numels == BUCKET_NUMELS,
+            "the test expects buckets of {BUCKET_NUMELS:?}, got {numels:?}"
+        );
+        let (mut after_each_step, mut sync_stats) = (vec![], vec![]);
+        for step in 0..STEPS {
+            optimizer.zero_grad();
+            let (x, y) = rank_batch(&data, world_size, step, pg.rank());
+            mse(&model.forward(&x), &y).backward(); // this rank's gradients only
+            let before = pg.stats();
+            optimizer.step()?;
+            sync_stats.push(delta(pg.stats(), &before));
+            after_each_step.push(snapshot(model.parameters()));
+        }
+        Ok(RankRun { after_each_step, moment_bytes: optimizer.moment_bytes(), sync_stats })
+    })
+}
+
+/// Plain DDP: the library's wrapper and the training run's AdamW.
+pub(super) fn train_ddp(world_size: usize) -> Vec<RankRun> {
+    run(world_size, |pg: Group| {
+        let data = data();
+        let (vs, module) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+        let model = ddp::SimpleDistributedDataParallelism::with_bucket_caps(module, &vs, pg.clone(), CAPS)?;
+        let mut optimizer = AdamW::new(model.parameters(), LR, WEIGHT_DECAY);
+        let (mut after_each_step, mut sync_stats) = (vec![], vec![]);
+        for step in 0..STEPS {
+            optimizer.zero_grad();
+            let (x, y) = rank_batch(&data, world_size, step, pg.rank());
+            let before = pg.stats();
+            model.backward(&mse(&model.forward(&x), &y))?; // all-reduces the gradients
+            sync_stats.push(delta(pg.stats(), &before));
+            optimizer.step()?;
+            after_each_step.push(snapshot(model.parameters()));
+        }
+        let moments = optimizer.state().into_iter().filter(|(name, _)| name != "step");
+        let moment_bytes = moments.map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum();
+        Ok(RankRun { after_each_step, moment_bytes, sync_stats })
+    })
+}
+
+/// One process, the training run's AdamW, the whole global batch per step.
+pub(super) fn one_process(world_size: usize) -> Vec<Step> {
+    let data = data();
+    let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+    let mut optimizer = AdamW::new(&named_parameters(&vs), LR, WEIGHT_DECAY);
+    let global = ROWS_PER_RANK * world_size as i64;
+    let mut steps = vec![];
+    for step in 0..STEPS {
+        optimizer.zero_grad();
+        let (x, y) = data.batch(step as i64 * global, global);
+        mse(&ddp_workbook::tch::nn::Module::forward(&model, &x), &y).backward();
+        optimizer.step().expect("AdamW steps");
+        let params = snapshot(&named_parameters(&vs));
+        steps.push(Step { params, grads: vec![], loss: 0.0, all_reduces: 0 });
+    }
+    steps
+}
+
+/// Plain DDP's parameters after every step, as references.
+fn as_steps(run: &RankRun) -> Vec<Step> {
+    let steps = run.after_each_step.iter();
+    steps.map(|params| Step { params: snapshot(params), grads: vec![], loss: 0.0, all_reduces: 0 }).collect()
+}
+
+const HINTS: Hints = Hints {
+    replicas: "the ranks' parameters differ after the step: does every rank copy every rank's \
+               updated shard back, in rank order, into its whole bucket?",
+    reference: "the ranks agree but took a different step: is the gradient the mean over the ranks \
+                (sum, then divide by the world size), and does AdamW update the parameters' own shard \
+                (a view, not a copy) with this shard's moments?",
+};
+
+#[test]
+fn zero_takes_the_steps_of_plain_ddp_and_of_one_process_on_2_3_and_4_ranks() {
+    for world_size in [2, 3, 4] {
+        assert!(BUCKET_NUMELS.iter().any(|n| n % world_size != 0), "a bucket must need padding");
+        let zero: Vec<Vec<Named>> = train_zero(world_size).into_iter().map(|r| r.after_each_step).collect();
+        let ddp_run = train_ddp(world_size);
+        let from_ddp =
+            assert_matches_one_process("ZeRO-1 vs DDP", &zero, &as_steps(&ddp_run[0]), TOLERANCE, &HINTS);
+        let reference = one_process(world_size);
+        let from_one =
+            assert_matches_one_process("ZeRO-1 vs one process", &zero, &reference, TOLERANCE, &HINTS);
+        println!(
+            "{world_size} ranks, {STEPS} AdamW steps: ZeRO-1 within {from_ddp:e} of plain DDP (tolerance 0) \
+             and {from_one:e} of one process (tolerance {TOLERANCE:e})"
+        );
+    }
+}
+
+#[test]
+fn each_rank_keeps_a_world_size_th_of_the_moments() {
+    for world_size in [2, 3, 4] {
+        let (zero, ddp_run) = (train_zero(world_size), train_ddp(world_size));
+        let ddp_bytes = ddp_run[0].moment_bytes;
+        assert_eq!(
+            ddp_bytes,
+            2 * 47 * F64_BYTES,
+            "DDP keeps both moments of all 47 parameters on every rank"
+        );
+        // Per bucket, two moments of ceil(numel / N) elements each.
+        let shard_numels: usize = BUCKET_NUMELS.iter().map(|n| n.div_ceil(world_size)).sum();
+        for (rank, run) in zero.iter().enumerate() {
+            assert_eq!(
+                run.moment_bytes,
+                2 * shard_numels * F64_BYTES,
+                "rank {rank} of {world_size} keeps the moments of more than its shards"
+            );
+        }
+        let ratio = zero[0].moment_bytes as f64 / ddp_bytes as f64;
+        println!(
+            "{world_size} ranks: AdamW moments per rank {ddp_bytes} B with DDP, {} B with ZeRO-1 \
+             ({ratio:.3} of DDP's; 1/{world_size} = {:.3}, the rest is padding)",
+            zero[0].moment_bytes,
+            1.0 / world_size as f64
+        );
+    }
+}
+
+#[test]
+fn each_rank_hands_collectives_the_bytes_of_ddp_all_reduce_on_the_wire() {
+    for world_size in [2, 3, 4] {
+        let (zero, ddp_run) = (train_zero(world_size), train_ddp(world_size));
+        let n = world_size as f64;
+        let padded: usize = BUCKET_NUMELS.iter().map(|b| b.div_ceil(world_size) * world_size).sum();
+        for step in 0..STEPS {
+            let (z, d) = (&zero[0].sync_stats[step], &ddp_run[0].sync_stats[step]);
+            let buckets = BUCKET_NUMELS.len() as u64;
+            assert_eq!(
+                (z.all_reduce, z.reduce_scatter, z.all_gather),
+                (0, buckets, buckets),
+                "step {step}: {z:?}"
+            );
+            // DDP: one all-reduce of 47 gradients per bucket, and one more of
+            // flags, the library's end-of-backward check (not part of the sync).
+            assert_eq!(d.all_reduce, buckets + 1, "step {step}: {d:?}");
+            let (ddp_grads, ddp_check) = (47 * F64_BYTES, d.collective_bytes as usize - 47 * F64_BYTES);
+            // Reduce-scatter takes the padded buffer, all-gather one shard of it.
+            let expected = padded * F64_BYTES + padded / world_size * F64_BYTES;
+            assert_eq!(z.collective_bytes as usize, expected, "step {step}: ZeRO-1 handed over other bytes");
+            // On a ring, an all-reduce of B bytes sends 2(N-1)/N B per rank; a
+            // reduce-scatter of P sends (N-1)/N P, an all-gather of P/N sends
+            // (N-1) P/N: together 2(N-1)/N P, DDP's volume for the padded size.
+            let ddp_wire = 2.0 * (n - 1.0) / n * ddp_grads as f64;
+            let zero_wire = 2.0 * (n - 1.0) / n * (z.collective_bytes as f64 / (1.0 + 1.0 / n));
+            let padding_wire = 2.0 * (n - 1.0) / n * ((padded - 47) * F64_BYTES) as f64;
+            assert!(
+                (zero_wire - ddp_wire - padding_wire).abs() < 1e-9,
+                "step {step}: {zero_wire} vs {ddp_wire}"
+            );
+            if step == 0 {
+                println!(
+                    "{world_size} ranks, per rank and step: DDP hands {ddp_grads} B of gradients to all-reduce \
+                     ({ddp_wire:.0} B on a ring; plus {ddp_check} B of its end-of-backward check); ZeRO-1 \
+                     hands {} B to reduce-scatter + all-gather ({zero_wire:.0} B on a ring, {padding_wire:.0} B \
+                     of it padding)",
+                    z.collective_bytes
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_parameter_without_a_gradient_is_a_clear_error() {
+    let errors = run(2, |pg: Group| {
+        let (vs, module) = crate::common::mlp_with_an_unused_parameter(MODEL_SEED, SIZES);
+        let model = Replicated::new(module, &vs, pg.clone())?;
+        let mut optimizer = ShardedAdamW::new(model.parameters(), pg.clone(), CAPS, LR, WEIGHT_DECAY)?;
+        let (x, y) = rank_batch(&data(), 2, 0, pg.rank());
+        mse(&model.forward(&x), &y).backward();
+        Ok(optimizer.step().expect_err("a step without the gradient of `unused`").to_string())
+    });
+    for error in errors {
+        assert!(error.contains("`unused` has no gradient"), "unclear error: {error}");
+    }
+}
