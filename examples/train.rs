@@ -103,6 +103,10 @@ struct Args {
     /// Held-out accuracy the finished run must reach, or it exits with status 1
     #[arg(long, default_value_t = 0.99)]
     target_accuracy: f64,
+    /// The dtype the gradients travel in: bf16 sends half the bytes (chapter
+    /// 12's communication hook); the optimizer still steps in f32
+    #[arg(long, value_enum, default_value_t = GradDtype::F32)]
+    grad_dtype: GradDtype,
 }
 // ANCHOR_END: flags
 
@@ -111,6 +115,12 @@ enum Backend {
     InProcess,
     Mpi,
     Nccl,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+enum GradDtype {
+    F32,
+    Bf16,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -172,6 +182,7 @@ impl Args {
             checkpoint_every: self.checkpoint_every,
             resume: self.resume,
             stop_after: self.stop_after,
+            bf16_gradients: self.grad_dtype == GradDtype::Bf16,
             threads_per_rank: Some(
                 self.threads.unwrap_or_else(|| default_threads_per_rank(self.ranks_here())),
             ),

@@ -83,6 +83,9 @@ pub struct TrainConfig {
     /// This rank's device: the CPU, or a GPU (`Device::Cuda(i)`: with the
     /// NCCL backend each rank gets its own, rank r on `cuda:r`).
     pub device: tch::Device,
+    /// Send the gradients as bfloat16, half the bytes (chapter 12's
+    /// `ddp::bf16_compress_hook`); `false`: in their own dtype.
+    pub bf16_gradients: bool,
 }
 
 impl Default for TrainConfig {
@@ -106,6 +109,7 @@ impl Default for TrainConfig {
             stop_after: None,
             threads_per_rank: Some(default_threads_per_rank(2)),
             device: tch::Device::Cpu,
+            bf16_gradients: false,
         }
     }
 }

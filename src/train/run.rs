@@ -115,6 +115,9 @@ pub fn train_rank(
     let caps =
         BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) };
     let ddp = SimpleDistributedDataParallelism::with_bucket_caps(gpt, &vs, pg.clone(), caps)?;
+    if config.bf16_gradients {
+        ddp.register_comm_hook(crate::ddp::bf16_compress_hook); // each bucket travels as bf16
+    }
     // Parameters, gradients and moments flat in the buckets' layout: the
     // sync and the optimizer copy nothing.
     let mut optimizer =
