@@ -91,6 +91,8 @@ pub struct ShardedAdamW {
     params: Vec<Named>,
     buckets: Vec<ShardedBucket>,
     step: i64,
+    /// Whose `shard_of` and `step_bucket` run: yours, unless built `with_steps`.
+    steps: ZeroSteps,
 }
 
 impl ShardedAdamW {
@@ -106,21 +108,41 @@ impl ShardedAdamW {
         lr: f64,
         weight_decay: f64,
     ) -> Result<Self, DistError> {
+        Self::with_steps(params, pg, caps, lr, weight_decay, ZeroSteps::LEARNER)
+    }
+}
+// ANCHOR_END: optimizer
+
+impl ShardedAdamW {
+    /// [`new`](Self::new), running `steps` instead of YOUR functions: the
+    /// notebook shows the reference at work with `ZeroSteps::REFERENCE`.
+    pub fn with_steps(
+        params: &[Named],
+        pg: Group,
+        caps: BucketCaps,
+        lr: f64,
+        weight_decay: f64,
+        steps: ZeroSteps,
+    ) -> Result<Self, DistError> {
         let mut params: Vec<Named> = params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
         let layout = plan_buckets(&ParamMeta::of(&params), caps.cap_bytes, caps.first_cap_bytes);
         let (rank, world_size) = (pg.rank(), pg.world_size());
         let mut buckets = vec![];
         for bucket in layout {
-            let shard = learner::shard_of(bucket.numel, world_size, rank);
+            let shard = (steps.shard_of)(bucket.numel, world_size, rank);
             check_shard(pg.as_ref(), bucket.numel, shard)?;
             buckets.push(lay_out(pg.as_ref(), &mut params, bucket.params, bucket.numel, shard)?);
         }
         let (beta1, beta2, eps) = (0.9, 0.999, 1e-8);
-        Ok(ShardedAdamW { lr, beta1, beta2, eps, weight_decay, pg, params, buckets, step: 0 })
+        Ok(ShardedAdamW { lr, beta1, beta2, eps, weight_decay, pg, params, buckets, step: 0, steps })
     }
+}
 
+// ANCHOR: step
+impl ShardedAdamW {
     /// One step on every rank: each bucket's gradients go into its padded
-    /// buffer, then YOUR `learner::step_bucket` reduce-scatters them, steps
+    /// buffer, then YOUR `learner::step_bucket` (or the `ZeroSteps` it was
+    /// built with) reduce-scatters them, steps
     /// this rank's shard and all-gathers the parameters. Every parameter
     /// must have a gradient (ZeRO-1 here has no "unused parameter" path).
     pub fn step(&mut self) -> Result<(), DistError> {
@@ -151,12 +173,30 @@ impl ShardedAdamW {
         self.step += 1;
         let update = self.update();
         for bucket in &mut self.buckets {
-            learner::step_bucket(pg, bucket, &update)?;
+            (self.steps.step_bucket)(pg, bucket, &update)?;
         }
         Ok(())
     }
 }
-// ANCHOR_END: optimizer
+// ANCHOR_END: step
+
+/// The two functions a [`ShardedAdamW`] runs: YOURS ([`ZeroSteps::LEARNER`],
+/// what `new` uses) or the reference ([`ZeroSteps::REFERENCE`]).
+#[derive(Clone, Copy)]
+pub struct ZeroSteps {
+    pub shard_of: fn(usize, usize, usize) -> Shard,
+    pub step_bucket: fn(&dyn ProcessGroup, &mut ShardedBucket, &AdamWUpdate) -> Result<(), DistError>,
+}
+
+impl ZeroSteps {
+    /// `learner::shard_of` and `learner::step_bucket`: your code (or the
+    /// reference, with `--features solutions`).
+    pub const LEARNER: ZeroSteps =
+        ZeroSteps { shard_of: learner::shard_of, step_bucket: learner::step_bucket };
+    /// `solution::shard_of` and `solution::step_bucket`, whatever the features.
+    pub const REFERENCE: ZeroSteps =
+        ZeroSteps { shard_of: solution::shard_of, step_bucket: solution::step_bucket };
+}
 
 impl ShardedAdamW {
     /// Forgets every gradient: the next backward starts from nothing.
