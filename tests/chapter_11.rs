@@ -13,6 +13,9 @@
 //!   with AdamW and one process on the global batch, after every step; the
 //!   moments each rank keeps (1/N of DDP's) and the bytes it hands to
 //!   collectives, measured;
+//! - `chapter_11/checkpoint.rs`: the shards gathered into one checkpoint,
+//!   and runs that resume from it on the same or another world size, or
+//!   with plain AdamW, ending where an uninterrupted run ends;
 //! - `chapter_11/memory.rs`: the moments per rank on the training run's
 //!   tiny GPT, on 1, 2, 4 and 8 ranks (the book's table);
 //! - `chapter_11/controls.rs`: the controls, which never run your code: the
@@ -21,6 +24,8 @@
 
 // `#[path]`, because a module file directly in `tests/` would be built as a
 // test binary of its own.
+#[path = "chapter_11/checkpoint.rs"]
+mod checkpoint;
 mod common;
 #[path = "chapter_11/controls.rs"]
 mod controls;

@@ -21,7 +21,8 @@
 //! `step_bucket` on every bucket. The model is the library's [`Replicated`]
 //! (replicas checked at construction); its backward is plain `loss.backward()`,
 //! since the gradients are synced inside the step. The AdamW arithmetic is the
-//! training run's ([`AdamWUpdate`], `src/train/optim.rs`).
+//! training run's ([`AdamWUpdate`], `src/train/optim.rs`). `checkpoint.rs`
+//! gathers the shards into one state to save, and cuts them again on load.
 
 use tch::Tensor;
 
@@ -31,6 +32,7 @@ use crate::dist::{torch_error, DistError, Group, ProcessGroup};
 pub use crate::ddp::{BucketCaps, Replicated};
 pub use crate::train::{AdamW, AdamWUpdate};
 
+mod checkpoint; // gathering the shards into one state, and cutting them again
 pub mod exercise; // the file you edit
 pub mod solution; // the reference solution
 
