@@ -65,13 +65,23 @@ pub fn bf16_chain(contributions: &[Tensor]) -> Tensor {
     contributions[1..].iter().fold(contributions[0].copy(), |sum, c| sum + c)
 }
 
-/// The two orders that round only where the wire must, computed in one
+/// The orders that round only where the wire must, computed in one
 /// process, in the contributions' dtype: the division first in that dtype,
 /// then the cast and the bf16 sum; or the cast, the bf16 sum, and the
-/// division after widening back.
-pub fn orders_without_extra_roundings(contributions: &[Tensor]) -> [Tensor; 2] {
+/// division after widening back; each with the division written as a
+/// division by N or as a multiplication by 1/N (which rounds in the
+/// bucket's dtype, not in bf16, and so is as honest).
+pub fn orders_without_extra_roundings(contributions: &[Tensor]) -> [Tensor; 4] {
     let (kind, n) = (contributions[0].kind(), contributions.len() as f64);
-    let divided_first: Vec<Tensor> = contributions.iter().map(|c| (c / n).to_kind(Kind::BFloat16)).collect();
-    let divided_after: Vec<Tensor> = contributions.iter().map(|c| c.to_kind(Kind::BFloat16)).collect();
-    [bf16_chain(&divided_first).to_kind(kind), bf16_chain(&divided_after).to_kind(kind) / n]
+    let scaled_first = |scale: &dyn Fn(&Tensor) -> Tensor| {
+        let sent: Vec<Tensor> = contributions.iter().map(|c| scale(c).to_kind(Kind::BFloat16)).collect();
+        bf16_chain(&sent).to_kind(kind)
+    };
+    let summed = bf16_chain(&contributions.iter().map(|c| c.to_kind(Kind::BFloat16)).collect::<Vec<_>>());
+    [
+        scaled_first(&|c| c / n),
+        scaled_first(&|c| c * (1.0 / n)),
+        summed.to_kind(kind) / n,
+        summed.to_kind(kind) * (1.0 / n),
+    ]
 }
