@@ -21,7 +21,7 @@ use ddp_workbook::dist::Group;
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::{Kind, Tensor};
 
-use super::training::{CAPS, LR, SIZES, WEIGHT_DECAY};
+use super::training::{adamw_one_process, CAPS, LR, SIZES, WEIGHT_DECAY};
 use crate::common::{mse, run, Named, TOLERANCE};
 
 const MODEL_SEED: i64 = 41;
@@ -99,18 +99,7 @@ fn zero_run(
 
 /// One process, AdamW on every whole global batch, never stopped.
 fn one_process() -> Vec<Named> {
-    let data = data();
-    let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
-    let mut optimizer = AdamW::new(&named_parameters(&vs), LR, WEIGHT_DECAY);
-    let mut after = vec![];
-    for step in 0..STEPS {
-        optimizer.zero_grad();
-        let (x, y) = data.batch(step as i64 * GLOBAL_ROWS, GLOBAL_ROWS);
-        mse(&ddp_workbook::tch::nn::Module::forward(&model, &x), &y).backward();
-        optimizer.step().expect("AdamW steps");
-        after.push(snapshot(&named_parameters(&vs)));
-    }
-    after
+    adamw_one_process(MODEL_SEED, &data(), GLOBAL_ROWS, STEPS)
 }
 
 #[test]

@@ -115,20 +115,30 @@ pub(super) fn train_ddp(world_size: usize) -> Vec<RankRun> {
 
 /// One process, the training run's AdamW, the whole global batch per step.
 pub(super) fn one_process(world_size: usize) -> Vec<Step> {
-    let data = data();
-    let (vs, model) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
+    let after = adamw_one_process(MODEL_SEED, &data(), ROWS_PER_RANK * world_size as i64, STEPS);
+    after.into_iter().map(|params| Step { params, grads: vec![], loss: 0.0, all_reduces: 0 }).collect()
+}
+
+/// The MLP of `model_seed` trained in one process with the training run's
+/// AdamW, on global batch s = rows `s * global_rows ..` of `data` at step s:
+/// its parameters after each of `steps` steps.
+pub(super) fn adamw_one_process(
+    model_seed: i64,
+    data: &Regression,
+    global_rows: i64,
+    steps: usize,
+) -> Vec<Named> {
+    let (vs, model) = Mlp::seeded(model_seed, SIZES, Kind::Double);
     let mut optimizer = AdamW::new(&named_parameters(&vs), LR, WEIGHT_DECAY);
-    let global = ROWS_PER_RANK * world_size as i64;
-    let mut steps = vec![];
-    for step in 0..STEPS {
+    let mut after = vec![];
+    for step in 0..steps {
         optimizer.zero_grad();
-        let (x, y) = data.batch(step as i64 * global, global);
+        let (x, y) = data.batch(step as i64 * global_rows, global_rows);
         mse(&ddp_workbook::tch::nn::Module::forward(&model, &x), &y).backward();
         optimizer.step().expect("AdamW steps");
-        let params = snapshot(&named_parameters(&vs));
-        steps.push(Step { params, grads: vec![], loss: 0.0, all_reduces: 0 });
+        after.push(snapshot(&named_parameters(&vs)));
     }
-    steps
+    after
 }
 
 /// Plain DDP's parameters after every step, as references.
