@@ -17,7 +17,9 @@
 //!   and runs that resume from it on the same or another world size, or
 //!   with plain AdamW, ending where an uninterrupted run ends;
 //! - `chapter_11/memory.rs`: the moments per rank on the training run's
-//!   tiny GPT, on 1, 2, 4 and 8 ranks (the book's table);
+//!   tiny GPT, on 1, 2, 4 and 8 ranks (the book's table), and every ZeRO
+//!   stage's bytes per parameter and for 7e9 parameters (the closing
+//!   chapter's table);
 //! - `chapter_11/controls.rs`: the controls, which never run your code: the
 //!   DDP run matches one process, and AdamW on slices of a flat buffer gives
 //!   the bits AdamW gives on the whole.

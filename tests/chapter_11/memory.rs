@@ -7,6 +7,10 @@
 //! each rank holds, measured on the tensors of the training run's `AdamW`
 //! (plain DDP) and of `ShardedAdamW`, what that makes per parameter with the
 //! weights and gradients every rank holds anyway, and for 7e9 parameters.
+//! Then the closing chapter's table: what each ZeRO stage keeps per rank on
+//! 4 ranks, per parameter and for 7e9 parameters, in fp32 and in mixed
+//! precision (16-bit weights and gradients), and what it sends per step:
+//! stage 1 measured here, stages 2 and 3 (not built) by the same division.
 
 use ddp_workbook::ch11_zero::{AdamW, BucketCaps, ShardedAdamW};
 use ddp_workbook::dist::Group;
@@ -55,5 +59,81 @@ fn on_the_training_runs_gpt_each_rank_keeps_a_world_size_th_of_the_moments() {
             "| {world_size} | {ddp_bytes} | {zero_bytes} | {ratio:.4} | {both} | {ddp_per_param:.1} B -> \
              {zero_per_param:.1} B | {ddp_7b:.0} -> {zero_7b:.0} |"
         );
+    }
+}
+
+/// The model states of one precision, in bytes per parameter, measured on
+/// the tiny GPT's parameters cast to its dtypes: weights, gradients (the
+/// weights' dtype, as libtorch gives them) and the optimizer's state (AdamW's
+/// two f32 moments, plus an f32 master copy of the weights when they are not
+/// f32: mixed precision steps in f32 and casts the result down).
+fn states_per_parameter(weight_kind: Kind) -> [f64; 3] {
+    let (vs, _gpt) = Gpt::seeded(1, &GptConfig::tiny(), Kind::Float);
+    let params = named_parameters(&vs);
+    let count: usize = params.iter().map(|(_, t)| t.numel()).sum();
+    let bytes_as = |kind: Kind| -> usize {
+        params.iter().map(|(_, t)| t.to_kind(kind).numel() * kind.elt_size_in_bytes()).sum()
+    };
+    let weights = bytes_as(weight_kind);
+    let master = if weight_kind == Kind::Float { 0 } else { bytes_as(Kind::Float) };
+    [weights, weights, master + ddp_moment_bytes()].map(|bytes| bytes as f64 / count as f64)
+}
+
+#[test]
+fn the_zero_stages_per_parameter_and_for_a_7b_model_on_4_ranks() {
+    let world_size = 4;
+    // What this chapter built divides the optimizer state by N: measured on
+    // the tiny GPT (no padding there), the fraction stage 1 keeps per rank.
+    let per_rank = run(world_size, |pg: Group| {
+        let (vs, _gpt) = Gpt::seeded(1, &GptConfig::tiny(), Kind::Float);
+        Ok(ShardedAdamW::new(&named_parameters(&vs), pg, BucketCaps::default(), 1e-3, 0.0)?.moment_bytes())
+    });
+    let sharded = per_rank[0] as f64 / ddp_moment_bytes() as f64;
+    assert_eq!(
+        sharded,
+        1.0 / world_size as f64,
+        "ZeRO-1 keeps {sharded} of the moments on {world_size} ranks"
+    );
+    // Which of (weights, gradients, optimizer state) each stage divides by
+    // N; stages 2 and 3 are not built, so theirs is the same fraction.
+    let stages = [
+        ("DDP", "nothing", [1.0, 1.0, 1.0]),
+        ("ZeRO-1", "optimizer state", [1.0, 1.0, sharded]),
+        ("ZeRO-2", "+ gradients", [1.0, sharded, sharded]),
+        ("ZeRO-3 / FSDP", "+ weights", [sharded, sharded, sharded]),
+    ];
+    let ring = (world_size - 1) as f64 / world_size as f64; // what a rank sends of a ring collective's buffer
+    println!("model states per rank on {world_size} ranks: weights + gradients + optimizer state, bytes per parameter");
+    println!("| stage | sharded | fp32 B | 7e9 fp32, GB | mixed B | 7e9 mixed, GB | of 80 GB left, fp32 / mixed | sent per step, B (mixed) |");
+    let mut gigabytes = Vec::new();
+    for (stage, what, fraction) in stages {
+        let per_parameter = |kind: Kind| -> f64 {
+            states_per_parameter(kind).iter().zip(fraction).map(|(bytes, f)| bytes * f).sum()
+        };
+        let (fp32, mixed) = (per_parameter(Kind::Float), per_parameter(Kind::BFloat16));
+        // Per parameter and step on a ring, in the 16-bit dtype: DDP
+        // all-reduces the gradient (a reduce-scatter and an all-gather);
+        // stages 1 and 2 reduce-scatter it and all-gather the updated weight;
+        // stage 3 also all-gathers the weight before forward and backward.
+        let [weight, gradient, _] = states_per_parameter(Kind::BFloat16);
+        let sent = match stage {
+            "ZeRO-3 / FSDP" => ring * (2.0 * weight + gradient),
+            "DDP" => ring * 2.0 * gradient,
+            _ => ring * (gradient + weight),
+        };
+        let (fp32_7b, mixed_7b) = (7e9 * fp32 / 1e9, 7e9 * mixed / 1e9);
+        println!(
+            "| {stage} | {what} | {fp32:.2} | {fp32_7b:.1} | {mixed:.2} | {mixed_7b:.1} | {:.1} / {:.1} | {sent:.2} |",
+            80.0 - fp32_7b,
+            80.0 - mixed_7b
+        );
+        gigabytes.push((fp32_7b, mixed_7b, sent));
+    }
+    // By hand: 7e9 x (4 + 4 + 8/4) = 70e9 B, 7e9 x (2 + 2/4 + 12/4) = 38.5e9 B, ...;
+    // on the wire 2 x 3/4 x 2 B = 3 B per parameter, 1.5 times that for stage 3.
+    let by_hand = [(112.0, 112.0, 3.0), (70.0, 49.0, 3.0), (49.0, 38.5, 3.0), (28.0, 28.0, 4.5)];
+    for ((fp32, mixed, sent), (fp32_hand, mixed_hand, sent_hand)) in gigabytes.into_iter().zip(by_hand) {
+        assert!((fp32 - fp32_hand).abs() < 1e-9 && (mixed - mixed_hand).abs() < 1e-9, "{fp32}, {mixed} GB");
+        assert!((sent - sent_hand).abs() < 1e-12, "{sent} B sent per parameter");
     }
 }
