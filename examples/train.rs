@@ -107,6 +107,10 @@ struct Args {
     /// 12's communication hook); the optimizer still steps in f32
     #[arg(long, value_enum, default_value_t = GradDtype::F32)]
     grad_dtype: GradDtype,
+    /// ZeRO stage: 0, plain DDP; 1, AdamW sharded over the ranks (chapter 11):
+    /// each keeps 1/N of its moments, the gradients are reduce-scattered
+    #[arg(long, default_value_t = TrainConfig::default().zero_stage)]
+    zero: usize,
 }
 // ANCHOR_END: flags
 
@@ -183,6 +187,7 @@ impl Args {
             resume: self.resume,
             stop_after: self.stop_after,
             bf16_gradients: self.grad_dtype == GradDtype::Bf16,
+            zero_stage: self.zero,
             threads_per_rank: Some(
                 self.threads.unwrap_or_else(|| default_threads_per_rank(self.ranks_here())),
             ),
@@ -205,6 +210,9 @@ fn report(bar: &ProgressBar, event: Event) {
                     config.world_size, config.batch_size, config.accum_steps, config.global_batch(),
                     config.threads_per_rank.map_or("default".to_string(), |t| t.to_string())
                 );
+                if config.zero_stage == 1 {
+                    println!("ZeRO-1: AdamW's moments sharded over the {} rank(s)", config.world_size);
+                }
                 if first_step > 1 {
                     println!("resuming after step {} from the checkpoint", first_step - 1);
                 }
@@ -309,14 +317,17 @@ fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f64, 
         .collect();
     // Under MPI this process knows its own share only: rank 0's.
     let ranks = if outcomes.len() > 1 { format!("ranks 0..{}", outcomes.len()) } else { "rank 0".into() };
+    let sync = match config.zero_stage {
+        0 => format!("gradient sync took {} of the step time ({ranks})", sync_shares.join(", ")),
+        // The wrapper sent nothing: the optimizer's step reduce-scatters.
+        _ => "gradients reduce-scattered inside the optimizer's step (ZeRO-1, not timed apart)".into(),
+    };
     println!(
-        "{} steps in {wall_seconds:.1} s ({:.1} s in training steps) on {} rank(s): {:.0} tokens/s; gradient \
-         sync took {} of the step time ({ranks})",
+        "{} steps in {wall_seconds:.1} s ({:.1} s in training steps) on {} rank(s): {:.0} tokens/s; {sync}",
         rank0.losses.len(),
         rank0.train_time.as_secs_f64(),
         config.world_size,
         rank0.tokens_per_second,
-        sync_shares.join(", "),
     );
     // The run compared every rank's final state before it returned (it fails otherwise).
     println!(

@@ -3,29 +3,15 @@
 //! 12's hook in the finished run). Run: `cargo test --test train_bf16`
 //! (add `-- --nocapture` to see the measured numbers).
 
+mod train_runs;
+
 use ddp_workbook::check::max_reference_diff;
-use ddp_workbook::train::{self, RankOutcome, TrainConfig};
+use ddp_workbook::train::TrainConfig;
+use train_runs::run;
 
-/// The small run of `tests/train.rs`: 2 ranks, 12 steps, several buckets.
+/// The shared small run (2 ranks, 12 steps, several buckets), gradients in f32 or bf16.
 fn small_run(bf16_gradients: bool) -> TrainConfig {
-    TrainConfig {
-        world_size: 2,
-        batch_size: 4,
-        accum_steps: 2,
-        bucket_cap_mb: 0.1,
-        steps: 12,
-        warmup_steps: 3,
-        train_sequences: 40,
-        eval_sequences: 16,
-        log_every: 4,
-        threads_per_rank: Some(1),
-        bf16_gradients,
-        ..TrainConfig::default()
-    }
-}
-
-fn run(config: &TrainConfig) -> Vec<RankOutcome> {
-    train::train(config, &|_| {}).unwrap_or_else(|e| panic!("the training run failed: {e:#}"))
+    TrainConfig { bf16_gradients, ..train_runs::small_run() }
 }
 
 #[test]

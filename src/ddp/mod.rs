@@ -20,7 +20,8 @@
 //! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 7 |
 //! | one optimizer step with accumulation: [`train_step`], for any [`StepOptimizer`] | `step.rs` | 7 |
 //! | communication hooks: [`CommHook`], [`bf16_compress_hook`] (bf16 on the wire) | `comm_hook.rs` | 12 |
-//! | the chapters' seams, never used by the library: [`seams`] | `seams.rs` | 2-6 |
+//! | ZeRO-1, AdamW sharded over the ranks: [`ShardedAdamW`], [`AdamWUpdate`] (its arithmetic) | `zero.rs`, `zero_checkpoint.rs`, `adamw_update.rs` | 11 |
+//! | the chapters' seams, never used by the library: [`seams`] | `seams.rs` | 2-6, 11 |
 //!
 //! ```no_run
 //! use ddp_workbook::ddp::SimpleDistributedDataParallelism;
@@ -39,6 +40,7 @@
 //! .unwrap();
 //! ```
 
+mod adamw_update;
 mod batch;
 mod bucketed;
 mod buckets;
@@ -55,8 +57,11 @@ mod sampler_options;
 pub mod seams;
 mod step;
 mod wrapper;
+mod zero;
+mod zero_checkpoint;
 
 pub use crate::models::Named;
+pub use adamw_update::AdamWUpdate;
 pub use batch::{check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError};
 pub use bucketed::{sync_bucket, BucketingError};
 pub use buckets::{FlatGroups, GradientBuckets};
@@ -74,3 +79,4 @@ pub use sampler::{epoch_shard, permutation, rows, samples_per_rank, shard_indice
 pub use sampler_options::{SamplerError, SamplerOptions};
 pub use step::{train_step, train_step_with};
 pub use wrapper::{SimpleDistributedDataParallelism, StepOptimizer};
+pub use zero::{shard_of, step_bucket, Shard, ShardedAdamW, ShardedBucket};

@@ -15,8 +15,9 @@
 //! | [`SyncSwitch::no_sync_with`] | `open_no_sync` (and its `NoSyncScope`) | 4 |
 //! | [`GradientBuckets::plan_with`], [`GradientBuckets::sync_with`] | `plan_buckets`, `sync_bucket` | 5 |
 //! | [`OverlappedBuckets::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
+//! | [`ShardedAdamW::with_steps`], [`ZeroSteps`] | `shard_of`, `step_bucket` | 11 |
 //!
-//! Tested by the chapters' tests (`cargo test --test chapter_02` ... `chapter_06`),
+//! Tested by the chapters' tests (`cargo test --test chapter_02` ... `chapter_06`, `chapter_11`),
 //! and by the doc tests below (`cargo test --doc`).
 
 use std::cell::Cell;
@@ -29,12 +30,13 @@ use super::layout::{Bucket, BucketCaps};
 use super::no_sync::SyncSwitch;
 use super::overlap::{BucketProgress, BucketSteps, Buckets};
 use super::replicas::InitError;
-use super::{GradientBuckets, OverlappedBuckets, Replicated};
+use super::{GradientBuckets, OverlappedBuckets, Replicated, ShardedAdamW};
 use crate::dist::{tagged, DistError, Group, ProcessGroup, Work};
 use crate::models::Named;
 
 pub use super::bucketed::PlanBuckets;
 pub use super::replicas::ReplicaCheck;
+pub use super::zero::ZeroSteps;
 
 /// `loss.backward()` and nothing else: this rank's gradients, added to
 /// every `.grad`, synced with no one. Every chapter stage builds its
@@ -188,5 +190,21 @@ impl OverlappedBuckets {
         steps: OverlapSteps,
     ) -> Result<Self, DistError> {
         Self::hooked(pg, params, buckets, Box::new(steps))
+    }
+}
+
+impl ShardedAdamW {
+    /// [`ShardedAdamW::new`] running `steps` instead of the library's
+    /// `shard_of` and `step_bucket` (chapter 11: the learner's). What
+    /// `shard_of` returns is checked on every bucket.
+    pub fn with_steps(
+        params: &[Named],
+        pg: Group,
+        caps: BucketCaps,
+        lr: f64,
+        weight_decay: f64,
+        steps: ZeroSteps,
+    ) -> Result<Self, DistError> {
+        Self::built_with(params, pg, caps, lr, weight_decay, steps)
     }
 }

@@ -9,6 +9,7 @@
 //!   events rank 0 reports, and [`train`], which spawns the ranks;
 //! - `run.rs`: what every rank does, step by step ([`train_rank`]);
 //! - `optim.rs`: AdamW with its state in named tensors, so it can be saved;
+//! - `optimizer.rs`: that AdamW, or with `--zero 1` the library's sharded one (ZeRO-1);
 //! - `checkpoint.rs`: the checkpoint file and how it is read;
 //! - `saving.rs`: how it is written: checked first, atomically, the previous one kept;
 //! - `resume.rs`: on `--resume`, rank 0 reads it and the others receive it;
@@ -24,6 +25,7 @@ pub mod checkpoint;
 #[cfg(feature = "nccl")]
 mod gpu;
 pub mod optim;
+mod optimizer;
 mod outcome;
 mod phases;
 mod replicas;
@@ -32,10 +34,11 @@ mod run;
 mod saving;
 mod state_dict;
 
+pub use crate::ddp::AdamWUpdate; // the AdamW arithmetic, in the library for its ZeRO-1 optimizer
 pub use checkpoint::{Checkpoint, CheckpointError, LoopPosition, SaveStep, Setting};
 #[cfg(feature = "nccl")]
 pub use gpu::{train_as_gpu_process, train_on_gpus};
-pub use optim::{AdamW, AdamWUpdate};
+pub use optim::AdamW;
 pub use outcome::{Evaluation, Event, RankOutcome};
 pub use phases::StepPhases;
 pub use replicas::{check_replicas_agree, ReplicasDiffer};
@@ -86,6 +89,11 @@ pub struct TrainConfig {
     /// Send the gradients as bfloat16, half the bytes (chapter 12's
     /// `ddp::bf16_compress_hook`); `false`: in their own dtype.
     pub bf16_gradients: bool,
+    /// ZeRO stage: 0, plain DDP (every rank keeps all of AdamW's state); 1,
+    /// AdamW sharded over the ranks (`ddp::ShardedAdamW`, chapter 11): each
+    /// keeps 1/world_size of the moments, and the gradients are
+    /// reduce-scattered by the optimizer instead of all-reduced by the wrapper.
+    pub zero_stage: usize,
 }
 
 impl Default for TrainConfig {
@@ -110,6 +118,7 @@ impl Default for TrainConfig {
             threads_per_rank: Some(default_threads_per_rank(2)),
             device: tch::Device::Cpu,
             bf16_gradients: false,
+            zero_stage: 0,
         }
     }
 }
@@ -145,6 +154,15 @@ pub enum ConfigError {
     Checkpoint(#[from] CheckpointError),
     #[error("{0}")]
     Timeout(String),
+    #[error(
+        "ZeRO stage {0} is not built: use --zero 0 (plain DDP) or --zero 1 (AdamW sharded over the ranks)"
+    )]
+    ZeroStage(usize),
+    #[error(
+        "--zero 1 and --grad-dtype bf16 do not go together: bf16 is a hook on the wrapper's all-reduce, \
+         and under ZeRO-1 the optimizer reduce-scatters the gradients instead; drop one of the two"
+    )]
+    ZeroWithBf16,
 }
 
 impl TrainConfig {
@@ -177,6 +195,11 @@ impl TrainConfig {
             if !(value.is_finite() && value > 0.0) {
                 return Err(ConfigError::NotPositive { name, value });
             }
+        }
+        match (self.zero_stage, self.bf16_gradients) {
+            (0 | 1, false) | (0, true) => {}
+            (1, true) => return Err(ConfigError::ZeroWithBf16),
+            (stage, _) => return Err(ConfigError::ZeroStage(stage)),
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return Err(ConfigError::NegativeDecay(self.weight_decay));
@@ -211,7 +234,10 @@ impl TrainConfig {
     /// The settings that fix the run's numbers, to the last bit. A checkpoint
     /// stores them and a resume must match them all; the others (bucket cap,
     /// log and checkpoint intervals, stop_after) change nothing but speed and
-    /// output: a gradient is summed the same way whatever bucket carries it.
+    /// output: a gradient is summed the same way whatever bucket carries it,
+    /// and whether AdamW is sharded (`zero_stage`: the same operations on
+    /// every element, `cargo test --test train_zero`), so a ZeRO-1
+    /// checkpoint resumes a plain run and the other way round.
     pub fn settings(&self) -> Vec<(String, Setting)> {
         let int = |name: &str, v: usize| (name.to_string(), Setting::Int(v as i64));
         let float = |name: &str, v: f64| (name.to_string(), Setting::Float(v));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tch::{Kind, Tensor};
 
 use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition};
-use super::optim::AdamW;
+use super::optimizer::RunOptimizer;
 use super::phases::{Phase, PhaseClock};
 use super::replicas::check_replicas_agree;
 use super::{Evaluation, Event, RankOutcome, TrainConfig};
@@ -118,10 +118,9 @@ pub fn train_rank(
     if config.bf16_gradients {
         ddp.register_comm_hook(crate::ddp::bf16_compress_hook); // each bucket travels as bf16
     }
-    // Parameters, gradients and moments flat in the buckets' layout: the
-    // sync and the optimizer copy nothing.
-    let mut optimizer =
-        AdamW::with_groups(ddp.parameters(), config.lr, config.weight_decay, ddp.flat_groups());
+    // Plain: parameters, gradients and moments flat in the buckets' layout,
+    // the sync and the optimizer copy nothing. ZeRO-1: sharded (optimizer.rs).
+    let mut optimizer = RunOptimizer::new(&ddp, config, caps)?;
     let mut progress = LoopPosition { step: 0, epoch: 0, position: 0 };
     if let Some((path, saved)) = &saved {
         let invalid = |detail| CheckpointError::Invalid { path: path.to_path_buf(), detail };
@@ -145,13 +144,15 @@ pub fn train_rank(
     for step in first_step..=last_step {
         // ANCHOR: step
         let started = clock.start();
-        optimizer.lr = lr_at(config, step - 1);
+        optimizer.set_lr(lr_at(config, step - 1));
         let micro_batches: Vec<Vec<i64>> =
             (0..k).map(|_| cursor.next_micro_batch(config.batch_size).to_vec()).collect();
         let micro_batches: Vec<&[i64]> = micro_batches.iter().map(Vec::as_slice).collect();
         let mut last_micro_batch = None;
         // Chapter 7's step: the losses of k micro-batches, divided by k, all
-        // but the last backward under no_sync, then the optimizer.
+        // but the last backward under no_sync, then the optimizer. ZeRO-1:
+        // all of them, since the optimizer's step reduce-scatters the gradients.
+        let _zero = optimizer.syncs_gradients().then(|| ddp.no_sync());
         let rank_loss = train_step_with(
             &ddp,
             &mut optimizer,
@@ -167,6 +168,7 @@ pub fn train_rank(
             },
             |_| clock.lap(Phase::Backward), // the sync inside is taken out at the end
         )?;
+        drop(_zero);
         clock.lap(Phase::Optimizer);
         let elapsed = started.elapsed();
         train_time += elapsed;
@@ -187,17 +189,21 @@ pub fn train_rank(
             let (loss, accuracy) = (ddp.mean_over_ranks(rank_loss)?, ddp.mean_over_ranks(accuracy)?);
             let tokens_per_second = window.1 as f64 * tokens_per_step / window.0.as_secs_f64();
             if rank == 0 {
-                on_event(Event::Logged { step, loss, accuracy, lr: optimizer.lr, tokens_per_second });
+                on_event(Event::Logged { step, loss, accuracy, lr: optimizer.lr(), tokens_per_second });
             }
             window = (Duration::ZERO, 0);
         }
         if rank == 0 {
             on_event(Event::Stepped { step });
-            if let Some(path) = checkpoint_due(config, step) {
+        }
+        if let Some(path) = checkpoint_due(config, step) {
+            // Sharded, every rank gathers the state (a collective); rank 0 writes it.
+            if let Some(optimizer) = optimizer.state_to_save(rank)? {
                 let model = model_tensors(&vs); // the unwrapped model's weights
-                let state =
-                    Checkpoint { model, optimizer: optimizer.state(), progress, settings: config.settings() };
-                checkpoint::save(path, &state)?;
+                checkpoint::save(
+                    path,
+                    &Checkpoint { model, optimizer, progress, settings: config.settings() },
+                )?;
                 on_event(Event::Checkpointed { step, path });
             }
         }
@@ -207,7 +213,7 @@ pub fn train_rank(
     // fingerprinted on every rank, must be the same everywhere.
     let final_state = Checkpoint {
         model: model_tensors(&vs),
-        optimizer: optimizer.state(),
+        optimizer: optimizer.state()?, // sharded: gathered, on every rank
         progress,
         settings: config.settings(),
     };

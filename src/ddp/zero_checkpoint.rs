@@ -1,17 +1,18 @@
-//! Chapter 11: a checkpoint of the sharded optimizer. No rank holds the
+//! A checkpoint of the ZeRO-1 optimizer (`zero.rs`). No rank holds the
 //! whole AdamW state any more, so saving it is a collective: every rank
 //! all-gathers every bucket's moments and cuts them back into per-parameter
 //! tensors, named as the training run's `AdamW::state` names them. Loading
 //! cuts each rank's shard out of such a state, whatever world size saved it,
 //! so a run can resume on another number of ranks (or with plain AdamW).
 //!
-//! Tested by `cargo test --features solutions --test chapter_11 checkpoint`.
+//! Tested by `cargo test --features solutions --test chapter_11 checkpoint`
+//! and `cargo test --test train_zero`.
 
 use tch::Tensor;
 
-use super::ShardedAdamW;
-use crate::ddp::Named;
+use super::zero::ShardedAdamW;
 use crate::dist::{torch_error, DistError};
+use crate::models::Named;
 
 // ANCHOR: gather
 impl ShardedAdamW {

@@ -1,0 +1,300 @@
+//! ZeRO stage 1 in the finished library: [`ShardedAdamW`], AdamW sharded
+//! over the ranks. Plain DDP keeps the whole AdamW state on every rank, N
+//! identical copies; here each rank owns one shard of every bucket's flat
+//! parameters and steps AdamW on that shard only, so it keeps 1/N of the
+//! moments. Chapter 11 builds it: the learner writes [`shard_of`] and
+//! [`step_bucket`], which it runs through `seams.rs`.
+//!
+//! With the wrapper, keep every backward of a step inside `no_sync`: the
+//! gradients are reduce-scattered by [`ShardedAdamW::step`], not all-reduced
+//! by the wrapper (the training run's `--zero 1` does).
+//! `zero_checkpoint.rs` gathers the shards into one state and cuts them again.
+//!
+//! Tested by `cargo test --features solutions --test chapter_11` and
+//! `cargo test --test train_zero`.
+
+use tch::{TchError, Tensor};
+
+use super::adamw_update::AdamWUpdate;
+use super::layout::{plan_buckets, BucketCaps, ParamMeta};
+use super::wrapper::StepOptimizer;
+use crate::dist::{torch_error, DistError, Group, ProcessGroup, ReduceOp};
+use crate::models::Named;
+
+// ANCHOR: shard
+/// The part of a flat buffer one rank owns. The buffer is padded with zeros
+/// to `padded_numel` elements so that it splits into `world_size` shards of
+/// `len` elements each; this rank's is `offset .. offset + len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// The buffer's length after padding: `len * world_size`.
+    pub padded_numel: usize,
+    /// Where this rank's shard starts in the padded buffer.
+    pub offset: usize,
+    /// Every rank's shard length.
+    pub len: usize,
+}
+
+/// One bucket of parameters as a ZeRO-1 rank holds it.
+pub struct ShardedBucket {
+    /// Its parameters, as indices into the optimizer's list, in buffer order.
+    pub members: Vec<usize>,
+    /// The members' elements together, before padding.
+    pub numel: usize,
+    /// This rank's part of the padded buffers.
+    pub shard: Shard,
+    /// `[padded_numel]`: every member's values back to back, then zeros. The
+    /// members ARE views into it: writing here changes the model.
+    pub param: Tensor,
+    /// `[padded_numel]`: this rank's own gradients, copied in before each
+    /// step, then zeros.
+    pub grad: Tensor,
+    /// `[len]`: the first and second moments of this rank's shard only.
+    pub exp_avg: Tensor,
+    pub exp_avg_sq: Tensor,
+}
+// ANCHOR_END: shard
+
+/// The two functions a [`ShardedAdamW`] runs: the library's ([`shard_of`],
+/// [`step_bucket`]) unless chapter 11 plugs in the learner's (`seams.rs`).
+#[derive(Clone, Copy)]
+pub struct ZeroSteps {
+    pub shard_of: fn(usize, usize, usize) -> Shard,
+    pub step_bucket: fn(&dyn ProcessGroup, &mut ShardedBucket, &AdamWUpdate) -> Result<(), DistError>,
+}
+
+// ANCHOR: optimizer
+/// AdamW sharded over the ranks of a process group (ZeRO stage 1; PyTorch's
+/// `ZeroRedundancyOptimizer`, with a reduce-scatter where it all-reduces).
+/// Every rank holds all the parameters and computes all the gradients; each
+/// keeps and updates the moments of its own shard of every bucket.
+pub struct ShardedAdamW {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Decoupled weight decay, as in the training run's `AdamW`.
+    pub weight_decay: f64,
+    pub(super) pg: Group,
+    /// Shallow handles on the parameters (they share storage and `.grad()`).
+    pub(super) params: Vec<Named>,
+    pub(super) buckets: Vec<ShardedBucket>,
+    pub(super) step: i64,
+    /// Whose `shard_of` and `step_bucket` run: the library's, or chapter 11's.
+    steps: ZeroSteps,
+}
+
+impl ShardedAdamW {
+    /// Lays `params` out in buckets planned with `caps` (the library's
+    /// `plan_buckets`, the same on every rank), each padded to a length that
+    /// splits into one equal shard per rank; the parameters become views
+    /// into the buckets, their values unchanged. Every rank calls it with
+    /// the same parameters and caps. PyTorch's betas and eps; moments start at zero.
+    pub fn new(
+        params: &[Named],
+        pg: Group,
+        caps: BucketCaps,
+        lr: f64,
+        weight_decay: f64,
+    ) -> Result<Self, DistError> {
+        let steps = ZeroSteps { shard_of, step_bucket };
+        Self::built_with(params, pg, caps, lr, weight_decay, steps)
+    }
+}
+// ANCHOR_END: optimizer
+
+impl ShardedAdamW {
+    /// [`new`](Self::new), running `steps` (chapter 11's door, `seams.rs`).
+    pub(super) fn built_with(
+        params: &[Named],
+        pg: Group,
+        caps: BucketCaps,
+        lr: f64,
+        weight_decay: f64,
+        steps: ZeroSteps,
+    ) -> Result<Self, DistError> {
+        let mut params: Vec<Named> = params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
+        let layout = plan_buckets(&ParamMeta::of(&params), caps.cap_bytes, caps.first_cap_bytes);
+        let (rank, world_size) = (pg.rank(), pg.world_size());
+        let mut buckets = vec![];
+        for bucket in layout {
+            let shard = (steps.shard_of)(bucket.numel, world_size, rank);
+            check_shard(pg.as_ref(), bucket.numel, shard)?;
+            buckets.push(lay_out(pg.as_ref(), &mut params, bucket.params, bucket.numel, shard)?);
+        }
+        let (beta1, beta2, eps) = (0.9, 0.999, 1e-8);
+        Ok(ShardedAdamW { lr, beta1, beta2, eps, weight_decay, pg, params, buckets, step: 0, steps })
+    }
+}
+
+// ANCHOR: step
+impl ShardedAdamW {
+    /// One step on every rank: each bucket's gradients go into its padded
+    /// buffer, then `step_bucket` reduce-scatters them, steps this rank's
+    /// shard and all-gathers the parameters. Every parameter must have a
+    /// gradient (ZeRO-1 here has no "unused parameter" path).
+    pub fn step(&mut self) -> Result<(), DistError> {
+        let pg = self.pg.as_ref();
+        for bucket in &mut self.buckets {
+            let mut offset = 0;
+            for &i in &bucket.members {
+                let (name, param) = &self.params[i];
+                let grad = param.grad();
+                if !grad.defined() {
+                    let detail = format!(
+                        "parameter `{name}` has no gradient; every parameter must take part in the \
+                         loss (call backward first), or leave it out of the optimizer"
+                    );
+                    return Err(DistError::Invalid {
+                        rank: pg.rank(),
+                        op: "ShardedAdamW::step".into(),
+                        detail,
+                    });
+                }
+                let numel = grad.numel() as i64;
+                let mut slot = bucket.grad.narrow(0, offset, numel);
+                tch::no_grad(|| slot.f_copy_(&grad.reshape([-1])))
+                    .map_err(torch_error(pg, format!("copying the gradient of `{name}` into its bucket")))?;
+                offset += numel;
+            }
+        }
+        self.step += 1;
+        let update = self.update();
+        for bucket in &mut self.buckets {
+            (self.steps.step_bucket)(pg, bucket, &update)?;
+        }
+        Ok(())
+    }
+}
+// ANCHOR_END: step
+
+impl ShardedAdamW {
+    /// Forgets every gradient: the next backward starts from nothing.
+    pub fn zero_grad(&mut self) {
+        for (_, param) in &mut self.params {
+            param.zero_grad();
+        }
+    }
+
+    /// The settings of the step just counted, as [`AdamWUpdate`] takes them.
+    fn update(&self) -> AdamWUpdate {
+        let (lr, beta1, beta2, eps, weight_decay) =
+            (self.lr, self.beta1, self.beta2, self.eps, self.weight_decay);
+        AdamWUpdate { lr, beta1, beta2, eps, weight_decay, step: self.step }
+    }
+
+    /// The buckets, in the order they are stepped.
+    pub fn buckets(&self) -> &[ShardedBucket] {
+        &self.buckets
+    }
+
+    /// Bytes of optimizer state (both moments) this rank holds, measured on
+    /// its tensors.
+    pub fn moment_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
+        self.buckets.iter().map(|b| bytes(&b.exp_avg) + bytes(&b.exp_avg_sq)).sum()
+    }
+
+    /// How many steps this optimizer has taken.
+    pub fn steps_taken(&self) -> i64 {
+        self.step
+    }
+}
+
+/// How `ddp::train_step` drives it. Its step is a collective: with the
+/// wrapper, run every backward of the step inside `no_sync` (the step
+/// averages the gradients itself), and call it on every rank.
+impl StepOptimizer for ShardedAdamW {
+    fn zero_grad(&mut self) {
+        ShardedAdamW::zero_grad(self);
+    }
+
+    fn step(&mut self) -> Result<(), TchError> {
+        ShardedAdamW::step(self).map_err(|error| TchError::Torch(error.to_string()))
+    }
+}
+
+// ANCHOR: shard_of
+/// The shard rank `rank` of `world_size` owns of a flat buffer of `numel`
+/// elements: the buffer is padded with zeros to the next multiple of
+/// `world_size`, and cut into `world_size` equal shards in rank order.
+pub fn shard_of(numel: usize, world_size: usize, rank: usize) -> Shard {
+    let len = numel.div_ceil(world_size); // the last shard holds the padding
+    Shard { padded_numel: len * world_size, offset: rank * len, len }
+}
+// ANCHOR_END: shard_of
+
+// ANCHOR: step_bucket
+/// One ZeRO-1 step of one bucket, on every rank: this rank's shard of the
+/// gradients, averaged over all ranks, steps this rank's shard of the
+/// parameters with AdamW (moments of the shard only), and every rank ends
+/// with every rank's updated shard in `bucket.param`: the parameters plain
+/// DDP with AdamW would have.
+pub fn step_bucket(
+    pg: &dyn ProcessGroup,
+    bucket: &mut ShardedBucket,
+    adamw: &AdamWUpdate,
+) -> Result<(), DistError> {
+    let Shard { offset, len, .. } = bucket.shard;
+    // Sum, then divide, as DDP's all-reduce does: the same bits per element.
+    let mut grad = pg.reduce_scatter(&bucket.grad, ReduceOp::Sum)?; // [len], this rank's shard
+    let _ = grad
+        .f_div_scalar_(pg.world_size() as f64)
+        .map_err(torch_error(pg, "dividing the gradient shard by the world size"))?;
+    let mut param = bucket.param.narrow(0, offset as i64, len as i64); // a view: the update lands in the bucket
+    adamw
+        .apply(&mut param, &grad, &mut bucket.exp_avg, &mut bucket.exp_avg_sq)
+        .map_err(torch_error(pg, "AdamW on this rank's shard"))?;
+    let shards = pg.all_gather(&param)?; // world_size x [len], in rank order
+    tch::no_grad(|| bucket.param.f_copy_(&Tensor::cat(&shards, 0)))
+        .map_err(torch_error(pg, "copying the gathered shards into the bucket"))
+}
+// ANCHOR_END: step_bucket
+
+/// Fails, saying what is wrong, unless `shard` splits a buffer of `numel`
+/// elements into equal parts, one per rank, that cover it.
+fn check_shard(pg: &dyn ProcessGroup, numel: usize, shard: Shard) -> Result<(), DistError> {
+    let (rank, world_size) = (pg.rank(), pg.world_size());
+    let Shard { padded_numel, offset, len } = shard;
+    let problem = if padded_numel < numel {
+        Some(format!("its padded length {padded_numel} is shorter than the {numel} elements it holds"))
+    } else if len * world_size != padded_numel {
+        Some(format!("{world_size} shards of {len} elements do not make its padded length {padded_numel}"))
+    } else if offset + len > padded_numel || (len > 0 && offset % len != 0) {
+        Some(format!("a shard at offset {offset} is not one of the {world_size} shards of {len} elements"))
+    } else {
+        None
+    };
+    match problem {
+        None => Ok(()),
+        Some(problem) => {
+            let detail = format!("shard_of({numel}, {world_size}, {rank}) returned {shard:?}: {problem}");
+            Err(DistError::Invalid { rank, op: "ShardedAdamW::new".into(), detail })
+        }
+    }
+}
+
+/// One padded flat buffer for `members`' values, which become views into
+/// it (as `AdamW` lays its groups out), zeroed gradients and moments.
+fn lay_out(
+    pg: &dyn ProcessGroup,
+    params: &mut [Named],
+    members: Vec<usize>,
+    numel: usize,
+    shard: Shard,
+) -> Result<ShardedBucket, DistError> {
+    let (kind, device) = (params[members[0]].1.kind(), params[members[0]].1.device());
+    let padding = Tensor::zeros([(shard.padded_numel - numel) as i64], (kind, device));
+    let mut flats: Vec<Tensor> = members.iter().map(|&i| params[i].1.detach().reshape([-1])).collect();
+    flats.push(padding);
+    let param = Tensor::f_cat(&flats, 0).map_err(torch_error(pg, "laying out a bucket"))?; // [padded_numel]
+    let mut offset = 0;
+    for &i in &members {
+        let (n, shape) = (params[i].1.numel() as i64, params[i].1.size());
+        params[i].1.set_data(&param.narrow(0, offset, n).view(shape.as_slice()));
+        offset += n;
+    }
+    let zeros = |n: usize| Tensor::zeros([n as i64], (kind, device));
+    let (grad, exp_avg, exp_avg_sq) = (zeros(shard.padded_numel), zeros(shard.len), zeros(shard.len));
+    Ok(ShardedBucket { members, numel, shard, param, grad, exp_avg, exp_avg_sq })
+}
