@@ -1,8 +1,10 @@
 //! Chapter 12 tests: bf16 gradients. A communication hook that sends each
 //! bucket as bfloat16 must halve the bytes of every step, leave the mean
 //! within the bound bf16's 8 significant bits allow (derived in
-//! `chapter_12/arithmetic.rs`) and round nowhere else, and keep the
-//! replicas bitwise equal.
+//! `chapter_12/arithmetic.rs`) and round nowhere else, keep the replicas
+//! bitwise equal, and touch the bucket and the sum only when its contract
+//! allows (checked under a group whose all-reduces are NaN until waited
+//! on, `chapter_12/in_flight.rs`).
 //!
 //! Your code:           `cargo test --test chapter_12`
 //! The reference code:  `cargo test --features solutions --test chapter_12`
@@ -15,8 +17,12 @@
 #[path = "chapter_12/arithmetic.rs"]
 mod arithmetic;
 mod common;
+#[path = "chapter_12/in_flight.rs"]
+mod in_flight;
 #[path = "chapter_12/training.rs"]
 mod training;
+#[path = "chapter_12/wrong_hooks.rs"]
+mod wrong_hooks;
 
 use arithmetic::*;
 use common::run;
@@ -24,14 +30,24 @@ use ddp_workbook::ch12_bf16::learner;
 use ddp_workbook::check::same_bits;
 use ddp_workbook::tch::{Kind, Tensor};
 
-/// Every rank runs the learner's hook on its `rank_buffer` and returns the
-/// buffer afterwards.
+/// Every rank runs the learner's hook on its `rank_buffer`, with its
+/// timing checked (`in_flight::run_hook`), and returns the buffer afterwards.
 fn hooked_buffers(world: usize, numel: i64, kind: Kind) -> Vec<Tensor> {
     run(world, |pg| {
         let buffer = rank_buffer(pg.rank(), numel, kind);
-        learner::bf16_compress_hook(pg.as_ref(), &buffer)?.wait()?;
+        in_flight::run_hook(pg, learner::bf16_compress_hook, &buffer)?;
         Ok(buffer)
     })
+}
+
+#[test]
+fn the_hook_changes_nothing_before_wait_and_reads_the_sum_after() {
+    // The bucket unchanged when the hook returns; one all-reduce, of bf16,
+    // waited on; nothing of it read before (every test's hooked_buffers
+    // checks the same; this one names it), on 2 and 3 ranks.
+    for (world, kind) in [(2, Kind::Float), (3, Kind::Double)] {
+        hooked_buffers(world, 1000, kind);
+    }
 }
 
 #[test]
@@ -65,7 +81,7 @@ fn the_mean_has_no_rounding_the_wire_does_not_need() {
         honest.iter().any(|order| same_bits(&results[0], order)),
         "the hook's mean is neither (x / 3 in f32, to bf16, summed) nor (x to bf16, summed, back, / 3), \
          nor either with * (1/3) for / 3: some value was rounded to bf16 once more than the all-reduce needs \
-         (a division or a copy in bf16?)"
+         (a division, or any other operation, done on the bf16 tensor?)"
     );
 }
 
@@ -73,7 +89,9 @@ mod controls {
     //! Tests that never run the learner's code: they show what the backend
     //! does with bf16, and that each check above can fail.
     use super::*;
-    use ddp_workbook::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
+    use crate::wrong_hooks::*;
+    use ddp_workbook::ddp::{bf16_compress_hook, CommHook};
+    use ddp_workbook::dist::{spawn_with, ReduceOp};
 
     #[test]
     fn the_in_process_backend_sums_bf16_in_bf16_in_rank_order() {
@@ -106,35 +124,53 @@ mod controls {
         within_bound(&pytorch, &contributions).expect("still within the worst case, which allows for it");
     }
 
-    /// Sums in bf16 and copies back, without dividing.
-    fn no_division(pg: &dyn ProcessGroup, buffer: &Tensor) -> Result<Work, DistError> {
-        let sent = buffer.to_kind(Kind::BFloat16);
-        let sum = pg.all_reduce_async(&sent, ReduceOp::Sum)?;
-        let (mut bucket, on_error) = (buffer.shallow_clone(), torch_error(pg, "copy"));
-        Ok(Work::new(move || {
-            sum.wait()?;
-            bucket.f_copy_(&sent).map_err(on_error)
-        }))
-    }
-
-    /// Copies back before the sum has arrived: this rank's own share.
-    fn copies_too_early(pg: &dyn ProcessGroup, buffer: &Tensor) -> Result<Work, DistError> {
-        let sent = (buffer / pg.world_size() as f64).to_kind(Kind::BFloat16);
-        buffer.shallow_clone().f_copy_(&sent).map_err(torch_error(pg, "copy"))?;
-        pg.all_reduce_async(&sent, ReduceOp::Sum)
-    }
-
     #[test]
     fn wrong_hooks_fail_the_bound() {
-        type Hook = fn(&dyn ProcessGroup, &Tensor) -> Result<Work, DistError>;
-        for (name, hook) in [("no division", no_division as Hook), ("copies too early", copies_too_early)] {
-            let results = run(3, |pg| {
-                let buffer = rank_buffer(pg.rank(), 1000, Kind::Float);
-                hook(pg.as_ref(), &buffer)?.wait()?;
-                Ok(buffer)
-            });
+        let wrong =
+            [("no division", no_division as CommHook), ("copies early", copies_before_the_sum_starts)];
+        for (name, hook) in wrong {
+            let results = hooked_with(hook, false);
             let contributions: Vec<Tensor> = (0..3).map(|r| rank_buffer(r, 1000, Kind::Float)).collect();
             assert!(within_bound(&results[0], &contributions).is_err(), "{name} passed the bound");
         }
+    }
+
+    #[test]
+    fn the_timing_check_names_the_rule_each_wrong_hook_breaks() {
+        let read_early = "read the all-reduce's tensor before waiting on its Work";
+        let changed_early = "changed the bucket before its Work was waited on";
+        let wrong: [(&str, CommHook, &str); 9] = [
+            ("copies before the sum starts", copies_before_the_sum_starts, changed_early),
+            ("copies before waiting", copies_before_waiting, read_early),
+            ("copies in the closure before waiting", copies_in_the_closure_before_waiting, read_early),
+            ("never waits", never_waits, "finished without waiting on the all-reduce's Work"),
+            ("divides the bucket in place", divides_the_bucket_in_place, changed_early),
+            ("blocks", blocks, changed_early),
+            ("divides in flight", divides_in_flight, "wrote into the tensor of an all-reduce it had started"),
+            ("sends f32", sends_f32, "the bucket must travel whole, as bf16"),
+            ("writes a copy", writes_a_copy, "the mean never reached it"),
+        ];
+        for (name, hook, says) in wrong {
+            let outcome = spawn_with(common::spawn_options(3), |pg| {
+                in_flight::run_hook(pg.clone(), hook, &rank_buffer(pg.rank(), 1000, Kind::Float))
+            });
+            let error = format!("{:#}", outcome.expect_err(name));
+            assert!(error.contains(says), "{name}: expected \"{says}\", got: {error}");
+        }
+        // And the library's hook passes it, with the mean's bits unchanged.
+        let checked = hooked_with(bf16_compress_hook, true);
+        assert!(same_bits(&checked[0], &hooked_with(bf16_compress_hook, false)[0]));
+    }
+
+    /// The library's `hook` on 3 ranks' buffers, timing-checked or plain.
+    fn hooked_with(hook: CommHook, checked: bool) -> Vec<Tensor> {
+        run(3, |pg| {
+            let buffer = rank_buffer(pg.rank(), 1000, Kind::Float);
+            match checked {
+                true => in_flight::run_hook(pg, hook, &buffer)?,
+                false => hook(pg.as_ref(), &buffer)?.wait()?,
+            }
+            Ok(buffer)
+        })
     }
 }

@@ -5,6 +5,7 @@
 
 use crate::arithmetic::within_bound;
 use crate::common::{mse, run, Optim};
+use crate::in_flight::{no_read_before_wait, undefined_until_wait};
 use ddp_workbook::ch12_bf16::{with_bf16_gradients, SimpleDistributedDataParallelism};
 use ddp_workbook::check::same_bits;
 use ddp_workbook::data::Regression;
@@ -67,7 +68,8 @@ fn each_step_is_within_the_bound_and_the_replicas_stay_bitwise_equal() {
     let worst = run(3, |pg| {
         let data = Regression::new(11, 4 * 3 * 16, SIZES[0], 1, Kind::Float);
         let (vs, mlp) = Mlp::seeded(5, &SIZES, Kind::Float);
-        let ddp = with_bf16_gradients(mlp, &vs, pg.clone())?;
+        // All-reduces NaN until waited on: a hook that reads early shows.
+        let ddp = with_bf16_gradients(mlp, &vs, undefined_until_wait(pg.clone()).0)?;
         let mut optimizer = Optim::Sgd.build(&vs)?;
         // One process's copy, to compute this rank's own gradient another way.
         let (mut local_vs, local) = Mlp::seeded(5, &SIZES, Kind::Float);
@@ -83,6 +85,7 @@ fn each_step_is_within_the_bound_and_the_replicas_stay_bitwise_equal() {
             optimizer.zero_grad();
             ddp.backward(&mse(&ddp.forward(&x), &y))?;
             let synced = flat_gradients(ddp.parameters());
+            no_read_before_wait(&synced).map_err(|e| anyhow::anyhow!("step {step}: {e}"))?;
             worst =
                 worst.max(within_bound(&synced, &everyone).map_err(|e| anyhow::anyhow!("step {step}: {e}"))?);
             ddp.optimizer_step(&mut optimizer)?;
