@@ -1,6 +1,7 @@
 //! xtask/src/gpu.rs: whether this machine has an NVIDIA GPU, so that the
-//! `solutions` check runs the GPU tests (`tests/nccl.rs`, ignored by default
-//! with `#[ignore = "needs a GPU: ..."]`) where they can run, and reports
+//! `solutions` check runs the GPU tests (`tests/nccl.rs` and
+//! `tests/gpu_threads.rs`, ignored by default with
+//! `#[ignore = "needs a GPU: ..."]`) where they can run, and reports
 //! them skipped, with that reason, where they cannot.
 //! Unit tests: xtask/tests/gpu.rs (`cargo test -p xtask`).
 
@@ -8,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// The test executables whose ignored tests are the GPU tests.
-pub const GPU_TEST_TARGETS: &[&str] = &["nccl"];
+pub const GPU_TEST_TARGETS: &[&str] = &["nccl", "gpu_threads"];
 
 /// How a GPU was found, in words, or `None` without one. Looks for
 /// `/dev/nvidia0` (the driver's first device; no tool needed) and asks
