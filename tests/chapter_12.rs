@@ -81,7 +81,7 @@ fn the_mean_has_no_rounding_the_wire_does_not_need() {
         honest.iter().any(|order| same_bits(&results[0], order)),
         "the hook's mean is neither (x / 3 in f32, to bf16, summed) nor (x to bf16, summed, back, / 3), \
          nor either with * (1/3) for / 3: some value was rounded to bf16 once more than the all-reduce needs \
-         (a division, or any other operation, done on the bf16 tensor?)"
+         (a division, or any other operation, done on the bf16 tensor? ReduceOp::Avg divides the bf16 sum in bf16)"
     );
 }
 
