@@ -13,26 +13,33 @@ use crate::dist::{DistError, ProcessGroup};
 
 // ANCHOR: stub
 /// The shard rank `rank` of `world_size` owns of a flat buffer of `numel`
-/// elements: the buffer is padded with zeros to the next multiple of
-/// `world_size`, and cut into `world_size` equal shards in rank order.
+/// elements, padded with zeros at its end. Every rank gets the same `len`
+/// and `padded_numel`; the padded buffer is `world_size` shards of `len`
+/// elements (what `reduce_scatter` cuts it into), and rank `rank`'s shard is
+/// the one `reduce_scatter` leaves on rank `rank`; the padded buffer holds
+/// all `numel` elements, with fewer zeros of padding than there are ranks.
+/// An empty buffer has empty shards.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn shard_of(numel: usize, world_size: usize, rank: usize) -> Shard {
-    // TODO: a collective that splits a buffer (reduce_scatter) needs a
-    // length that divides by the world size, and every rank's part must be
-    // as long as every other's. Decide how long each shard is, how much
-    // padding that takes, and where this rank's shard starts.
+    // TODO: decide how long each shard is, how much padding that takes, and
+    // where this rank's shard starts. Start from what reduce_scatter does
+    // with a buffer (the chapter's notebook shows it): it needs a length
+    // that divides by the world size, cuts the buffer into that many equal
+    // chunks and leaves one on each rank.
     // Keep: every element of the buffer in exactly one shard; the padding as
     // small as it can be (less than `world_size` elements); the result
-    // depends only on the arguments, so that every rank agrees.
+    // depends only on the arguments, so that every rank agrees; 0 elements
+    // and more ranks than elements work too.
     // Stuck? `cargo workbook hint 11` gives hints one at a time.
     todo!("exercise ch11: shard_of in src/ch11_zero/exercise.rs")
 }
 
 /// One ZeRO-1 step of one bucket, on every rank: this rank's shard of the
-/// gradients, averaged over all ranks, steps this rank's shard of the
-/// parameters with AdamW (moments of the shard only), and every rank ends
-/// with every rank's updated shard in `bucket.param`: the parameters plain
-/// DDP with AdamW would have.
+/// gradients, averaged over all ranks as plain DDP averages them (summed,
+/// then the sum divided by the world size), steps this rank's shard of the
+/// parameters with AdamW and the shard's moments in the bucket, and every
+/// rank ends with every rank's updated shard written into `bucket.param`:
+/// the parameters plain DDP with AdamW would have, bit for bit.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn step_bucket(
     pg: &dyn ProcessGroup,
@@ -49,9 +56,12 @@ pub fn step_bucket(
     // first `bucket.numel` elements ARE the model's parameters. The tests
     // compare every weight after every step with plain DDP and one process,
     // on 2, 3 and 4 ranks, and count the bytes you hand to collectives.
-    // Yours to decide: the reduction and where the division by the world
-    // size goes (DDP's sync sums, then divides); how to update a part of
-    // `bucket.param` in place; how the gathered shards get back into it.
+    // The average is DDP's, bit for bit: reduce with `ReduceOp::Sum`, then
+    // divide the sum by the world size. Not `ReduceOp::Avg` (NCCL's
+    // multiplies each rank's values by 1/N before the sum), not a
+    // multiplication by 1/N: they round differently, and the tests see it.
+    // Yours to decide: how to update a part of `bucket.param` and of the
+    // moments in place; how the gathered shards get back into it.
     // Available: `pg.reduce_scatter`, `pg.all_gather`,
     // `crate::dist::ReduceOp`, `pg.world_size()`,
     // `adamw.apply(param, grad, exp_avg, exp_avg_sq)` (the training run's

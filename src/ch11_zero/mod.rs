@@ -32,7 +32,7 @@ use std::ops::{Deref, DerefMut};
 use crate::ddp::Named;
 use crate::dist::{DistError, Group};
 
-pub use crate::ddp::seams::ZeroSteps; // which two functions a ShardedAdamW runs
+use crate::ddp::seams::ZeroSteps; // which two functions a ShardedAdamW runs
 pub use crate::ddp::{AdamWUpdate, BucketCaps, Replicated, Shard, ShardedBucket};
 pub use crate::train::AdamW;
 
@@ -50,6 +50,7 @@ pub use solution as learner;
 /// built with YOUR `shard_of` and `step_bucket`.
 pub struct ShardedAdamW(crate::ddp::ShardedAdamW);
 
+// ANCHOR: new
 impl ShardedAdamW {
     /// The library's optimizer running YOUR `learner::shard_of` and
     /// `learner::step_bucket`. Every rank calls it with the same parameters
@@ -61,32 +62,11 @@ impl ShardedAdamW {
         lr: f64,
         weight_decay: f64,
     ) -> Result<Self, DistError> {
-        Self::with_steps(params, pg, caps, lr, weight_decay, ZeroSteps::LEARNER)
-    }
-
-    /// [`new`](Self::new), running `steps` instead of YOUR functions: the
-    /// notebook shows the reference at work with `ZeroSteps::REFERENCE`.
-    pub fn with_steps(
-        params: &[Named],
-        pg: Group,
-        caps: BucketCaps,
-        lr: f64,
-        weight_decay: f64,
-        steps: ZeroSteps,
-    ) -> Result<Self, DistError> {
-        crate::ddp::ShardedAdamW::with_steps(params, pg, caps, lr, weight_decay, steps).map(ShardedAdamW)
+        let yours = ZeroSteps { shard_of: learner::shard_of, step_bucket: learner::step_bucket };
+        crate::ddp::ShardedAdamW::with_steps(params, pg, caps, lr, weight_decay, yours).map(ShardedAdamW)
     }
 }
-
-impl ZeroSteps {
-    /// `learner::shard_of` and `learner::step_bucket`: your code (or the
-    /// reference, with `--features solutions`).
-    pub const LEARNER: ZeroSteps =
-        ZeroSteps { shard_of: learner::shard_of, step_bucket: learner::step_bucket };
-    /// `solution::shard_of` and `solution::step_bucket`, whatever the features.
-    pub const REFERENCE: ZeroSteps =
-        ZeroSteps { shard_of: solution::shard_of, step_bucket: solution::step_bucket };
-}
+// ANCHOR_END: new
 
 impl Deref for ShardedAdamW {
     type Target = crate::ddp::ShardedAdamW;

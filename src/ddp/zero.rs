@@ -216,8 +216,12 @@ impl StepOptimizer for ShardedAdamW {
 
 // ANCHOR: shard_of
 /// The shard rank `rank` of `world_size` owns of a flat buffer of `numel`
-/// elements: the buffer is padded with zeros to the next multiple of
-/// `world_size`, and cut into `world_size` equal shards in rank order.
+/// elements, padded with zeros at its end. Every rank gets the same `len`
+/// and `padded_numel`; the padded buffer is `world_size` shards of `len`
+/// elements (what `reduce_scatter` cuts it into), and rank `rank`'s shard is
+/// the one `reduce_scatter` leaves on rank `rank`; the padded buffer holds
+/// all `numel` elements, with fewer zeros of padding than there are ranks.
+/// An empty buffer has empty shards.
 pub fn shard_of(numel: usize, world_size: usize, rank: usize) -> Shard {
     let len = numel.div_ceil(world_size); // the last shard holds the padding
     Shard { padded_numel: len * world_size, offset: rank * len, len }
@@ -226,10 +230,11 @@ pub fn shard_of(numel: usize, world_size: usize, rank: usize) -> Shard {
 
 // ANCHOR: step_bucket
 /// One ZeRO-1 step of one bucket, on every rank: this rank's shard of the
-/// gradients, averaged over all ranks, steps this rank's shard of the
-/// parameters with AdamW (moments of the shard only), and every rank ends
-/// with every rank's updated shard in `bucket.param`: the parameters plain
-/// DDP with AdamW would have.
+/// gradients, averaged over all ranks as plain DDP averages them (summed,
+/// then the sum divided by the world size), steps this rank's shard of the
+/// parameters with AdamW and the shard's moments in the bucket, and every
+/// rank ends with every rank's updated shard written into `bucket.param`:
+/// the parameters plain DDP with AdamW would have, bit for bit.
 pub fn step_bucket(
     pg: &dyn ProcessGroup,
     bucket: &mut ShardedBucket,

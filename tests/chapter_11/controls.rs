@@ -1,10 +1,11 @@
-//! Chapter 11 tests, part 3: the controls, which never run your code.
+//! Chapter 11 tests, part 6: the controls, which never run your code.
 //! Compiled into `cargo test --test chapter_11` (see `tests/chapter_11.rs`).
 //!
 //! They check the ground the chapter's claims stand on: the plain DDP run
-//! the tests compare ZeRO-1 with matches one process, and the AdamW
-//! arithmetic gives the same bits on slices of a flat buffer as on the whole
-//! (so a rank that steps its shard computes what DDP computes there). A
+//! the tests compare ZeRO-1 with matches one process; the AdamW arithmetic
+//! gives the same bits on slices of a flat buffer as on the whole (so a rank
+//! that steps its shard computes what DDP computes there); and the wrong ways of averaging `step_bucket.rs` looks for really give other
+//! moments on its bucket than sum-then-divide (else it could not see them). A
 //! control passes on the untouched stubs too; `cargo xtask test --only
 //! teeth` checks that it does.
 
@@ -13,6 +14,7 @@ use ddp_workbook::check::same_bits;
 use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::with_seed;
 
+use super::step_bucket::{adamw_on_the_whole, averages};
 use super::training::{one_process, train_ddp, LR, STEPS, WEIGHT_DECAY};
 use crate::common::{assert_matches_one_process, Hints, Named, TOLERANCE};
 
@@ -50,5 +52,17 @@ fn adamw_on_slices_of_a_flat_buffer_gives_the_bits_of_adamw_on_the_whole() {
             update.apply(&mut p, &g, &mut ms, &mut vs).expect("the update runs");
         }
         assert!(same_bits(&whole.detach(), &sliced), "step {step}: slices differ from the whole");
+    }
+}
+
+#[test]
+fn the_ways_of_averaging_the_probe_bucket_give_other_first_moments() {
+    let averages = averages();
+    let moments: Vec<Tensor> = averages.iter().map(|(_, g)| adamw_on_the_whole(g).1).collect();
+    for i in 0..moments.len() {
+        for j in i + 1..moments.len() {
+            let (a, b) = (averages[i].0, averages[j].0);
+            assert!(!same_bits(&moments[i], &moments[j]), "two averages give the same moments:\n{a}\n{b}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! Chapter 11 tests, part 3: what ZeRO-1 saves on the training run's model.
+//! Chapter 11 tests, part 5: what ZeRO-1 saves on the training run's model.
 //! Compiled into `cargo test --test chapter_11` (see `tests/chapter_11.rs`);
 //! `-- --nocapture` prints the table the book quotes.
 //!

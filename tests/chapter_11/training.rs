@@ -1,4 +1,4 @@
-//! Chapter 11 tests, part 2: `ShardedAdamW` trained on 2, 3 and 4 ranks.
+//! Chapter 11 tests, part 3: `ShardedAdamW` trained on 2, 3 and 4 ranks.
 //! Compiled into `cargo test --test chapter_11` (see `tests/chapter_11.rs`).
 //!
 //! Every rank trains the same f64 MLP on its own rows of each global batch;
@@ -9,16 +9,18 @@
 //! whole global batch. ZeRO-1 changes where the optimizer's arithmetic runs,
 //! not what it computes: after every step it must equal DDP bit for bit (the
 //! same sum, division and AdamW on every element) and one process within
-//! `TOLERANCE` (the order of the additions differs there).
+//! `TOLERANCE` (the order of the additions differs there). When it does not,
+//! the message quotes what `step_bucket.rs`'s one-bucket test finds.
 
 use ddp_workbook::ch11_zero::{AdamW, BucketCaps, Replicated, ShardedAdamW};
-use ddp_workbook::check::snapshot;
+use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
 use ddp_workbook::ddp;
 use ddp_workbook::dist::{CommStats, Group};
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::{Kind, Tensor};
 
+use super::step_bucket::likely_cause;
 use crate::common::{assert_matches_one_process, mse, run, Hints, Named, Step, TOLERANCE};
 
 pub(super) const SIZES: &[i64] = &[4, 5, 3, 1]; // 47 parameters
@@ -115,8 +117,7 @@ pub(super) fn train_ddp(world_size: usize) -> Vec<RankRun> {
 
 /// One process, the training run's AdamW, the whole global batch per step.
 pub(super) fn one_process(world_size: usize) -> Vec<Step> {
-    let after = adamw_one_process(MODEL_SEED, &data(), ROWS_PER_RANK * world_size as i64, STEPS);
-    after.into_iter().map(|params| Step { params, grads: vec![], loss: 0.0, all_reduces: 0 }).collect()
+    as_steps(adamw_one_process(MODEL_SEED, &data(), ROWS_PER_RANK * world_size as i64, STEPS))
 }
 
 /// The MLP of `model_seed` trained in one process with the training run's
@@ -141,34 +142,65 @@ pub(super) fn adamw_one_process(
     after
 }
 
-/// Plain DDP's parameters after every step, as references.
-fn as_steps(run: &RankRun) -> Vec<Step> {
-    let steps = run.after_each_step.iter();
-    steps.map(|params| Step { params: snapshot(params), grads: vec![], loss: 0.0, all_reduces: 0 }).collect()
+/// One process's parameters after every step, as `assert_matches_one_process` takes them.
+fn as_steps(after_each_step: Vec<Named>) -> Vec<Step> {
+    after_each_step
+        .into_iter()
+        .map(|params| Step { params, grads: vec![], loss: 0.0, all_reduces: 0 })
+        .collect()
+}
+
+/// Where to look when step_bucket's own test passes but a run fails.
+pub(super) const CHECK_SHARD_OF: &str = "check shard_of: rank r's shard must be the r-th of the N \
+     equal chunks that reduce_scatter leaves on rank r (the `shards` tests)";
+
+/// Fails, naming the first parameter that differs and the likely cause,
+/// unless after every step every rank's parameters are bitwise rank 0's and
+/// rank 0's bitwise plain DDP's.
+fn assert_bitwise_plain_ddp(world_size: usize, zero: &[RankRun], ddp: &RankRun) {
+    for (s, expected) in ddp.after_each_step.iter().enumerate() {
+        let after: Vec<Named> = zero.iter().map(|rank| snapshot(&rank.after_each_step[s])).collect();
+        let (what, report) = match compare_replicas(&after, 0.0) {
+            Err(report) => ("every rank's parameters vs rank 0's", report),
+            Ok(()) => match compare_to_reference(&after[0], expected, 0.0) {
+                Err(report) => ("ZeRO-1 vs plain DDP", report),
+                Ok(()) => continue,
+            },
+        };
+        let first = &report.differences[0];
+        let place = first.rank.map_or(String::new(), |rank| format!("rank {rank}'s "));
+        panic!(
+            "{what} on {world_size} ranks, after step {}: {place}`{}` differs by {:e} (tolerance 0: \
+             ZeRO-1 must take DDP's steps bit for bit, the same sum, division and AdamW on every \
+             element). Likely: {}",
+            s + 1,
+            first.parameter,
+            report.largest_difference(),
+            likely_cause(CHECK_SHARD_OF)
+        );
+    }
 }
 
 const HINTS: Hints = Hints {
     replicas: "the ranks' parameters differ after the step: does every rank copy every rank's \
                updated shard back, in rank order, into its whole bucket?",
-    reference: "the ranks agree but took a different step: is the gradient the mean over the ranks \
-                (sum, then divide by the world size), and does AdamW update the parameters' own shard \
-                (a view, not a copy) with this shard's moments?",
+    reference: "ZeRO-1 took plain DDP's steps but not one process's: the DDP run itself is off \
+                (see the control plain_ddp_with_adamw_matches_one_process)",
 };
 
 #[test]
 fn zero_takes_the_steps_of_plain_ddp_and_of_one_process_on_2_3_and_4_ranks() {
     for world_size in [2, 3, 4] {
         assert!(BUCKET_NUMELS.iter().any(|n| n % world_size != 0), "a bucket must need padding");
-        let zero: Vec<Vec<Named>> = train_zero(world_size).into_iter().map(|r| r.after_each_step).collect();
-        let ddp_run = train_ddp(world_size);
-        let from_ddp =
-            assert_matches_one_process("ZeRO-1 vs DDP", &zero, &as_steps(&ddp_run[0]), TOLERANCE, &HINTS);
+        let (zero, ddp_run) = (train_zero(world_size), train_ddp(world_size));
+        assert_bitwise_plain_ddp(world_size, &zero, &ddp_run[0]);
+        let zero: Vec<Vec<Named>> = zero.into_iter().map(|r| r.after_each_step).collect();
         let reference = one_process(world_size);
-        let from_one =
-            assert_matches_one_process("ZeRO-1 vs one process", &zero, &reference, TOLERANCE, &HINTS);
+        let case = "ZeRO-1 vs one process on the global batch";
+        let from_one = assert_matches_one_process(case, &zero, &reference, TOLERANCE, &HINTS);
         println!(
-            "{world_size} ranks, {STEPS} AdamW steps: ZeRO-1 within {from_ddp:e} of plain DDP (tolerance 0) \
-             and {from_one:e} of one process (tolerance {TOLERANCE:e})"
+            "{world_size} ranks, {STEPS} AdamW steps: ZeRO-1 vs plain DDP largest difference 0 (tolerance 0), \
+             vs one process on the global batch {from_one:e} (tolerance {TOLERANCE:e})"
         );
     }
 }

@@ -9,7 +9,8 @@
 //! [`ReplaceAllReduce`]); chapter 1's `waiting_sends.rs` makes a send wait
 //! for its receive; `bench_overlap --timeline` notes when each all-reduce
 //! completed (`examples/support/timed_group.rs`); the ring figure reads the
-//! chunks before every step (`examples/figures/ch01_ring.rs`).
+//! chunks before every step (`examples/figures/ch01_ring.rs`); chapter 11's
+//! `step_bucket.rs` gives `reduce_scatter` NCCL's way of averaging.
 
 use ddp_workbook::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::Tensor;
@@ -20,6 +21,9 @@ use ddp_workbook::tch::Tensor;
 pub trait Intercept: Send + Sync {
     fn all_reduce_async(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
         inner.all_reduce_async(tensor, op)
+    }
+    fn reduce_scatter(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        inner.reduce_scatter(tensor, op)
     }
     fn send(&self, inner: &Group, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
         inner.send(tensor, dst)
@@ -56,7 +60,7 @@ impl<I: Intercept> ProcessGroup for Forwarding<I> {
         self.inner.all_gather(tensor)
     }
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        self.inner.reduce_scatter(tensor, op)
+        self.intercept.reduce_scatter(&self.inner, tensor, op)
     }
     fn barrier(&self) -> Result<(), DistError> {
         self.inner.barrier()
