@@ -27,8 +27,9 @@
 #   runner     cargo test -p xtask: the runner's own tests
 #   solutions  cargo test --features solutions,mpi,nccl: every test and doc test
 #              (the MPI tests start mpirun jobs of 2 and 3 processes; the GPU
-#              tests of tests/nccl.rs run where a GPU is found, by /dev/nvidia0
-#              or nvidia-smi -L, and are otherwise skipped, each with its reason;
+#              tests of tests/nccl.rs and tests/gpu_threads.rs run where a
+#              GPU is found, by /dev/nvidia0 or nvidia-smi -L, and are
+#              otherwise skipped, each with its reason;
 #              tests/torch_oracle.rs and tests/torch_oracle/ run PyTorch's own
 #              DistributedDataParallel, scripts/torch/oracle.py under
 #              .venv/bin/torchrun, as the numerical oracle of every DDP stage
