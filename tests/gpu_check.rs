@@ -135,8 +135,7 @@ fn build_only_makes_every_binary_and_prebuilt_runs_them_all_into_one_report() {
     }
     // The CPU run worked: one step, its rate, its replicas compared.
     // Its row in the last table (the steps table, above it, has one too).
-    let cpu_row =
-        text.lines().filter(|l| l.starts_with("| training run, CPU")).last().expect("the CPU run's row");
+    let cpu_row = text.lines().rfind(|l| l.starts_with("| training run, CPU")).expect("the CPU run's row");
     let cells: Vec<&str> = cpu_row.split('|').map(str::trim).collect();
     assert_eq!(cells[2], "1", "{cpu_row}");
     assert!(cells[3].parse::<f64>().is_ok_and(|rate| rate > 0.0), "no tokens/s: {cpu_row}");
