@@ -129,9 +129,17 @@ write_report() {
         echo
         echo "## Tokens per second: the workbook's run and PyTorch's DDP on the same work"
         echo
-        echo "The same tiny GPT and sorting task on both sides: 16 sequences per rank per micro-batch, 2"
-        echo "micro-batches per step, AdamW (scripts/bench_torch_ddp.py says how its twin matches the run)."
-        echo "Each rate is over its whole run, of the steps shown."
+        echo "The same tiny GPT, sorting task, micro-batches and AdamW on both sides: the defaults of"
+        echo "scripts/bench_torch_ddp.py are the run's. Each rate is over its whole run, of the steps shown."
+        echo "Each training run's own words for its work:"
+        echo
+        echo '```text'
+        for i in "${!step_names[@]}"; do
+            [[ ${step_names[$i]} == training* ]] || continue
+            echo "${step_names[$i]}: $(grep -m1 '^tiny GPT' "${step_logs[$i]}" || echo "(did not start)")"
+        done
+        echo '```'
+        echo
         ((gpus > 1)) || echo "With one GPU the run on every GPU is the 1-GPU run, so it is not repeated."
         echo
         echo "| run | steps | tokens/s | held-out accuracy | replicas |"
