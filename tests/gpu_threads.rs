@@ -12,16 +12,15 @@
 //!   cargo test --test gpu_threads -- --include-ignored
 //! Asked for without a GPU, each fails and says so.
 
-use ddp_workbook::ddp::SimpleDistributedDataParallelism;
 use ddp_workbook::dist::{spawn, ReduceOp};
-use ddp_workbook::models::Mlp;
-use ddp_workbook::tch::nn::{Module, OptimizerConfig, Sgd, VarStore};
-use ddp_workbook::tch::{Cuda, Device, Kind, Reduction, Tensor};
+use ddp_workbook::tch::{Cuda, Device, Kind, Tensor};
+
+#[path = "nccl/one_step.rs"]
+mod one_step;
+use one_step::{assert_replicas_match_one_process, ddp_step_on};
 
 const GPU: Device = Device::Cuda(0);
 const FLOAT_CPU: (Kind, Device) = (Kind::Float, Device::Cpu);
-const SIZES: [i64; 4] = [4, 32, 32, 1];
-const PER_RANK: i64 = 8;
 
 /// Panics, saying so, where libtorch sees no GPU: a GPU test must not pass
 /// by doing nothing.
@@ -33,27 +32,6 @@ fn need_a_gpu() {
     );
 }
 
-/// The global batch of `world` ranks, the same on every call.
-fn global_batch(world: usize) -> (Tensor, Tensor) {
-    let rows = PER_RANK * world as i64;
-    ddp_workbook::with_seed(7, || (Tensor::randn([rows, 4], FLOAT_CPU), Tensor::randn([rows, 1], FLOAT_CPU)))
-}
-
-/// One SGD step of one process, on the CPU, on `x` and `y`: the parameters after it.
-fn one_process_step(x: &Tensor, y: &Tensor) -> Vec<Tensor> {
-    let (vs, mlp): (VarStore, Mlp) = Mlp::seeded(3, &SIZES, Kind::Float);
-    let mut sgd = Sgd::default().build(&vs, 0.1).unwrap();
-    sgd.zero_grad();
-    mlp.forward(x).mse_loss(y, Reduction::Mean).backward();
-    sgd.step();
-    vs.trainable_variables()
-}
-
-/// The largest gap between two lists of parameters.
-fn largest_gap(a: &[Tensor], b: &[Tensor]) -> f64 {
-    a.iter().zip(b).map(|(a, b)| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max)
-}
-
 /// The finished wrapper (buckets that leave during backward, through the
 /// communication thread) on 2 rank threads whose parameters, gradients and
 /// buckets all live on the same GPU: after `optimizer.step` the replicas are
@@ -63,50 +41,16 @@ fn largest_gap(a: &[Tensor], b: &[Tensor]) -> f64 {
 #[ignore = "needs a GPU: 2 in-process ranks share cuda:0; the DDP step against one process on the global batch"]
 fn ddp_on_two_rank_threads_sharing_one_gpu_matches_one_process() {
     need_a_gpu();
-    let world = 2;
-    let weights = spawn(world, |pg| {
-        let (x, y) = global_batch(world);
-        let (mut vs, mlp) = Mlp::seeded(3, &SIZES, Kind::Float);
-        vs.set_device(GPU);
-        let ddp = SimpleDistributedDataParallelism::new(mlp, &vs, pg.clone())?;
-        let mut sgd = Sgd::default().build(&vs, 0.1)?;
-        let rows = x.narrow(0, PER_RANK * pg.rank() as i64, PER_RANK).to_device(GPU);
-        let targets = y.narrow(0, PER_RANK * pg.rank() as i64, PER_RANK).to_device(GPU);
-        sgd.zero_grad();
-        ddp.backward(&ddp.forward(&rows).mse_loss(&targets, Reduction::Mean))?;
-        // The averaged gradients are where the parameters are: nothing went through the host.
-        for (i, p) in vs.trainable_variables().iter().enumerate() {
-            anyhow::ensure!(
-                p.grad().device() == GPU,
-                "rank {}: gradient {i} is on {:?}",
-                pg.rank(),
-                p.grad().device()
-            );
-        }
-        sgd.step();
-        Ok(vs.trainable_variables().iter().map(|p| p.to_device(Device::Cpu)).collect::<Vec<_>>())
-    })
-    .unwrap();
-    let (x, y) = global_batch(world);
-    let one = one_process_step(&x, &y);
-    for replica in &weights {
-        for (i, (mine, first)) in replica.iter().zip(&weights[0]).enumerate() {
-            assert!(mine.equal(first), "replicas differ in parameter {i} after the step");
-        }
-        let gap = largest_gap(replica, &one);
-        assert!(gap < 1e-5, "a replica is {gap} from one process on the global batch");
-    }
-    // The comparison can fail: rank 0's own rows alone give another step.
-    let alone = one_process_step(&x.narrow(0, 0, PER_RANK), &y.narrow(0, 0, PER_RANK));
-    let gap = largest_gap(&alone, &one);
-    assert!(gap > 1e-4, "one rank's rows step like the global batch ({gap}): the test cannot tell");
+    let weights = spawn(2, |pg| ddp_step_on(pg, GPU)).unwrap();
+    assert_replicas_match_one_process(&weights);
 }
 
 /// The in-place all-reduce, synchronous and asynchronous, on 3 rank threads
 /// whose tensors share cuda:0: the sum is bitwise ((x0 + x1) + x2) computed
 /// on the host in rank order (an f32 addition rounds the same on both), and
-/// stays on the GPU. Odd lengths, so the slices the ranks split the work
-/// into are uneven.
+/// stays on the GPU. From 1 float to 400 KB, odd lengths: small calls take
+/// the backend's rank-order sum, large ones are split into uneven slices
+/// (where the split starts depends on the cores: src/dist/local/).
 #[test]
 #[ignore = "needs a GPU: 3 in-process ranks share cuda:0; the in-place all-reduce against the host's sum"]
 fn all_reduce_of_tensors_on_one_gpu_is_the_hosts_rank_order_sum() {

@@ -23,6 +23,8 @@ use ddp_workbook::dist::{spawn, Group};
 mod collectives;
 #[path = "nccl/failures.rs"]
 mod failures;
+#[path = "nccl/one_step.rs"]
+mod one_step;
 #[path = "nccl/training.rs"]
 mod training;
 
