@@ -140,7 +140,7 @@ mkdir -p "$(dirname "$out")" || refuse "cannot make the folder of --out $out"
 
 train_steps=()
 [[ -z $steps ]] || train_steps=(--steps "$steps")
-torch_steps=(--steps "${steps:-200}") # its twin's whole run, from which it prints one rate
+torch_steps=(--steps "${steps:-200}") # the steps its twin times
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 run_step "GPU tests: the NCCL backend" "$dir/nccl_tests" --include-ignored
@@ -151,10 +151,19 @@ if ((gpu_count > 1)); then
     run_step "training run, NCCL, $gpu_count GPUs" "$dir/train" --backend nccl "${train_steps[@]}"
 fi
 run_step "training run, CPU, 2 in-process ranks" "$dir/train" --backend in-process "${train_steps[@]}"
-run_step "PyTorch DDP, NCCL, 1 GPU" "$python" scripts/bench_torch_ddp.py --device cuda --world-size 1 "${torch_steps[@]}"
-if ((gpu_count > 1)); then
-    run_step "PyTorch DDP, NCCL, $gpu_count GPUs" "$python" scripts/bench_torch_ddp.py --device cuda --world-size "$gpu_count" "${torch_steps[@]}"
+# PyTorch at its defaults, and at its best settings where the script has them.
+torch_settings=("")
+if "$python" scripts/bench_torch_ddp.py --help 2>/dev/null | grep -q -- '--setting'; then
+    torch_settings=(defaults best)
 fi
+for setting in "${torch_settings[@]}"; do
+    label="PyTorch DDP" extra=()
+    [[ -z $setting ]] || label="PyTorch DDP ($setting)" extra=(--setting "$setting")
+    run_step "$label, NCCL, 1 GPU" "$python" scripts/bench_torch_ddp.py --device cuda --world-size 1 "${torch_steps[@]}" "${extra[@]}"
+    if ((gpu_count > 1)); then
+        run_step "$label, NCCL, $gpu_count GPUs" "$python" scripts/bench_torch_ddp.py --device cuda --world-size "$gpu_count" "${torch_steps[@]}" "${extra[@]}"
+    fi
+done
 
 write_report "$out" "$gpu_count" "$load_before" "$dir/MANIFEST" "$python" "$torch_found" "$invocation"
 echo "gpu_check: $passed_steps of $((passed_steps + failed_steps)) steps passed; report: $out"

@@ -130,7 +130,8 @@ write_report() {
         echo "## Tokens per second: the workbook's run and PyTorch's DDP on the same work"
         echo
         echo "The same tiny GPT, sorting task, micro-batches and AdamW on both sides: the defaults of"
-        echo "scripts/bench_torch_ddp.py are the run's. Each rate is over its whole run, of the steps shown."
+        echo "scripts/bench_torch_ddp.py are the run's. The workbook's rate is over its whole run, PyTorch's"
+        echo "over the steps its script times (its --help says which), of the steps shown."
         echo "Each training run's own words for its work:"
         echo
         echo '```text'

@@ -128,11 +128,13 @@ fn build_only_makes_every_binary_and_prebuilt_runs_them_all_into_one_report() {
         "this test needs a GPU",
         "| NCCL all_reduce, every GPU | **FAILED** (exit 2)",
         "| training run, NCCL, 1 GPU | **FAILED** (exit 2)",
-        "| PyTorch DDP, NCCL, 1 GPU | **FAILED**",
         "With one GPU the run on every GPU is the 1-GPU run",
     ] {
         assert!(text.contains(says), "the report lacks {says:?}:\n{text}");
     }
+    let torch_rows =
+        text.lines().filter(|l| l.starts_with("| PyTorch DDP") && l.contains("NCCL, 1 GPU | **FAILED**"));
+    assert!(torch_rows.count() >= 1, "no failed PyTorch step on the fake GPU:\n{text}");
     // The CPU run worked: one step, its rate, its replicas compared.
     // Its row in the last table (the steps table, above it, has one too).
     let cpu_row = text.lines().rfind(|l| l.starts_with("| training run, CPU")).expect("the CPU run's row");
@@ -140,4 +142,21 @@ fn build_only_makes_every_binary_and_prebuilt_runs_them_all_into_one_report() {
     assert_eq!(cells[2], "1", "{cpu_row}");
     assert!(cells[3].parse::<f64>().is_ok_and(|rate| rate > 0.0), "no tokens/s: {cpu_row}");
     assert!(cells[5].starts_with("bitwise equal, fingerprint 0x"), "{cpu_row}");
+}
+
+/// The report reads PyTorch's side from what scripts/bench_torch_ddp.py
+/// prints: it must take the flags the check passes, and print its rate in
+/// the line the report reads. Run here on the CPU, on one rank, two steps.
+#[test]
+fn the_pytorch_twin_takes_the_checks_flags_and_prints_the_rate_it_reads() {
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python");
+    let twin = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench_torch_ddp.py");
+    let output = Command::new(python)
+        .args([twin, "--device", "cpu", "--world-size", "1", "--steps", "2"])
+        .output()
+        .expect("scripts/setup.sh makes .venv/bin/python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let rate = stdout.lines().find_map(|l| l.strip_prefix("tokens_per_second ")).expect("its rate line");
+    assert!(rate.parse::<f64>().is_ok_and(|r| r > 0.0), "not a rate: {rate}");
 }
