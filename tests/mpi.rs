@@ -1,7 +1,8 @@
 //! The MPI backend on real processes: each test starts an `mpirun` job of
 //! 2 or 3 processes (through scripts/launch.sh) that runs the test's body as
 //! its ranks. Proves that every collective agrees with the in-process
-//! backend, that the chapters' DDP (your exercises included) gives the same
+//! backend, that an all-reduce through shared memory is the rank-order sum
+//! one process computes, that the chapters' DDP (your exercises included) gives the same
 //! steps as one process on the global batch, that the training run resumes
 //! bitwise after a kill, and that no failure leaves the job hanging.
 //!
@@ -21,5 +22,7 @@ mod chapters;
 mod collectives;
 #[path = "mpi/failures.rs"]
 mod failures;
+#[path = "mpi/shared_memory.rs"]
+mod shared_memory;
 #[path = "mpi/training.rs"]
 mod training;

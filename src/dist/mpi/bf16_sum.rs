@@ -60,13 +60,13 @@ unsafe extern "C" fn add_bf16_words(
 }
 
 /// A bf16 word widened to float32: exact (bf16 is float32's top half).
-fn f32_of(word: u16) -> f32 {
+pub(super) fn f32_of(word: u16) -> f32 {
     f32::from_bits(u32::from(word) << 16)
 }
 
 /// A float32 rounded to the nearest bf16, ties to even, as libtorch does
 /// (`c10::detail::round_to_nearest_even`), NaN as libtorch's NaN.
-fn bf16_of(value: f32) -> u16 {
+pub(super) fn bf16_of(value: f32) -> u16 {
     if value.is_nan() {
         return 0x7fc0;
     }

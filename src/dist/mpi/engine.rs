@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::ffi::{self, Comm};
 use super::job::{Action, Active, Done, Job, Reply};
+use super::shm::Node;
 use crate::dist::call::group_list_problem;
 use crate::dist::DistError;
 
@@ -58,6 +59,9 @@ pub(crate) struct Engine {
     /// Jobs of a broken engine: never freed, since MPI may still write into
     /// their buffers until the job is aborted (`end` leaks them).
     kept: Vec<Active>,
+    /// The node's shared memory, through which the world's all-reduces go
+    /// (`shm.rs`); `None` keeps Open MPI's collectives for them.
+    node: Option<Node>,
 }
 
 impl Engine {
@@ -71,7 +75,13 @@ impl Engine {
             queue: VecDeque::new(),
             running: vec![],
         };
-        Engine { comms: vec![world], timeout, world_rank: rank, broken: None, kept: vec![] }
+        Engine { comms: vec![world], timeout, world_rank: rank, broken: None, kept: vec![], node: None }
+    }
+
+    /// The same engine, reducing the world's all-reduces through `node`.
+    pub fn with_node(mut self, node: Option<Node>) -> Self {
+        self.node = node;
+        self
     }
 
     fn busy(&self) -> bool {
@@ -152,7 +162,7 @@ impl Engine {
             }
             let mut i = 0;
             while i < self.comms[c].running.len() {
-                match self.comms[c].running[i].finished() {
+                match super::shm::finished(&mut self.node, &mut self.comms[c].running[i]) {
                     Ok(true) => {
                         let active = self.comms[c].running.swap_remove(i);
                         self.complete(c, active);
@@ -201,6 +211,11 @@ impl Engine {
                 Err(message) => return Err((Box::new(comm.queue.pop_front().expect("front")), message)),
             }
         }
+        let through_node = self.node.as_ref().filter(|node| node.takes(front));
+        if through_node.is_some_and(|node| node.busy) {
+            return Ok(false); // the window holds the previous call until every rank is done with it
+        }
+        let through_node = through_node.is_some();
         let (mut active, raw) = (comm.queue.pop_front().expect("front"), comm.raw);
         if let Some(detail) = disagreement(&active, comm) {
             let (rank, op) = (self.world_rank, active.job.name.clone());
@@ -217,7 +232,11 @@ impl Engine {
                 Err(message) => Err((Box::new(active), message)),
             };
         }
-        match active.post(raw) {
+        let posted = match (through_node, self.node.as_mut()) {
+            (true, Some(node)) => node.start(&mut active),
+            _ => active.post(raw),
+        };
+        match posted {
             Ok(()) => {
                 self.comms[c].running.push(active);
                 Ok(true)

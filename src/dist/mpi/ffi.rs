@@ -10,7 +10,13 @@
 use std::ffi::{c_int, c_void};
 
 use mpi::ffi as sys;
+
 use tch::{Kind, Tensor};
+
+mod window;
+pub(crate) use window::{
+    all_gather_blocking, allocate_shared, iall_max, min_blocking, node_of, split_by, SharedWindow,
+};
 
 use crate::dist::ReduceOp;
 
@@ -26,6 +32,8 @@ extern "C" {
 pub(crate) const TAG_COLLECTIVE_SIGNATURE: c_int = 1;
 pub(crate) const TAG_P2P_SIGNATURE: c_int = 2;
 pub(crate) const TAG_P2P_DATA: c_int = 3;
+/// A node's partial sum on its way to the next node (`shm.rs`).
+pub(crate) const TAG_NODE_CHAIN: c_int = 4;
 
 /// MPI's description of error code `code`.
 fn error_text(code: c_int) -> String {

@@ -69,6 +69,8 @@ pub(crate) struct Active {
     /// The result, when it was decided before the requests completed (a
     /// mismatch found in the signatures, a new group).
     pub preset: Option<Result<Reply, DistError>>,
+    /// An all-reduce through the node's shared memory (`shm.rs`): where it is.
+    pub shm: Option<super::shm::Progress>,
 }
 
 impl Active {
@@ -84,6 +86,7 @@ impl Active {
             requests: vec![],
             received: None,
             preset: None,
+            shm: None,
         }
     }
 

@@ -34,15 +34,21 @@
 //!   that disagree get a `Mismatch` naming both calls instead of MPI's
 //!   undefined behaviour. `DDP_DEBUG=off` skips it.
 //!
+//! - the world's all-reduces between ranks on one machine go through an
+//!   MPI-3 shared-memory window (`shm.rs`), summed in rank order like the
+//!   in-process backend; `DDP_MPI_SHM=off` keeps Open MPI's collectives.
+//!
 //! Files: `group.rs` (the `ProcessGroup`), `engine.rs` (the communication
 //! thread; `engine/failures.rs`, how it breaks and ends), `job.rs` (one
-//! call in flight), `ffi.rs` (the raw MPI calls).
+//! call in flight), `shm.rs` (the shared-memory all-reduce), `ffi.rs` (the
+//! raw MPI calls).
 
 mod bf16_sum;
 mod engine;
 mod ffi;
 mod group;
 mod job;
+mod shm;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::channel;
@@ -91,12 +97,13 @@ pub fn init() -> Result<MpiWorld, DistError> {
         .spawn(move || {
             let joined = ffi::world().and_then(|comm| {
                 let (rank, size) = ffi::rank_and_size(comm)?;
-                Ok((comm, rank, size, ffi::local_rank_and_size(comm)?))
+                let node = shm::Node::join(comm, rank, size)?;
+                Ok((comm, rank, size, ffi::local_rank_and_size(comm)?, node))
             });
             match joined {
-                Ok((comm, rank, size, local)) => {
+                Ok((comm, rank, size, local, node)) => {
                     _ = ready.send(Ok((rank, size, local)));
-                    Engine::new(comm, rank, size, timeout).run(inbox);
+                    Engine::new(comm, rank, size, timeout).with_node(node).run(inbox);
                 }
                 Err(message) => _ = ready.send(Err(message)),
             }
@@ -176,6 +183,13 @@ impl Drop for MpiWorld {
             ffi::abort(1);
         }
     }
+}
+
+/// How many all-reduces this process has finished through the node's shared
+/// memory (`shm.rs`) rather than Open MPI's collectives: how a test or a
+/// benchmark sees which path its calls took.
+pub fn shared_memory_all_reduces() -> u64 {
+    shm::THROUGH_WINDOW.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 // ANCHOR: run
