@@ -1,0 +1,175 @@
+//! examples/support/mpi_collectives.rs: `bench_collectives --backend mpi`,
+//! the MPI backend's all_reduce next to a memcpy of the same tensor. The
+//! benchmark starts itself twice under scripts/launch.sh (mpirun): once
+//! through the node's shared memory (src/dist/mpi/shm.rs, the default) and
+//! once with `DDP_MPI_SHM=off` (Open MPI's own collectives), and prints one
+//! Markdown table of both, with the load average before and after.
+//!
+//! Run: cargo run --release --features mpi --example bench_collectives -- --backend mpi
+//!      cargo run --release --features mpi --example bench_collectives -- --backend mpi \
+//!          --np 2 --sizes-mib 4,25 --rounds 30
+//!
+//! Included by examples/bench_collectives.rs (`#[path]`); without the `mpi`
+//! feature, `--backend mpi` says how to build it.
+
+/// Set in the ranks the benchmark starts: "time, don't launch".
+#[cfg(feature = "mpi")]
+const RANK_MARKER: &str = "DDP_BENCH_MPI_RANK";
+
+/// `Some(exit code)` when the command line asks for `--backend mpi`: the
+/// benchmark ran (or could not); `None` leaves the in-process benchmark to run.
+pub fn main_if_asked() -> Option<i32> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let at = args.windows(2).position(|pair| pair[0] == "--backend" && pair[1] == "mpi")?;
+    let rest: Vec<String> = args[..at].iter().chain(&args[at + 2..]).cloned().collect();
+    Some(match run(&rest) {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            1
+        }
+    })
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run(_: &[String]) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "--backend mpi needs the `mpi` feature: cargo run --release --features mpi --example \
+         bench_collectives -- --backend mpi"
+    )
+}
+
+#[cfg(feature = "mpi")]
+pub use with_mpi::run;
+
+#[cfg(feature = "mpi")]
+mod with_mpi {
+    use std::process::Command;
+    use std::time::Instant;
+
+    use clap::Parser;
+    use ddp_workbook::dist::{self, ReduceOp};
+    use ddp_workbook::tch::{self, Device, Kind, Tensor};
+
+    use super::RANK_MARKER;
+
+    #[derive(Parser)]
+    #[command(about = "Time the MPI backend's all_reduce against a memcpy of the same size")]
+    struct Args {
+        /// Processes (ranks), started by scripts/launch.sh.
+        #[arg(long, default_value_t = 2)]
+        np: usize,
+        /// Tensor sizes in MiB of f32, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [4.0, 25.0])]
+        sizes_mib: Vec<f64>,
+        /// Timed rounds per size (the median of the slowest rank is reported).
+        #[arg(long, default_value_t = 30)]
+        rounds: usize,
+        /// Untimed rounds before them.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+    }
+
+    pub fn run(rest: &[String]) -> anyhow::Result<()> {
+        let args = Args::try_parse_from(
+            std::iter::once("bench_collectives --backend mpi".into()).chain(rest.iter().cloned()),
+        )?;
+        anyhow::ensure!(args.np > 0 && args.rounds > 0, "--np and --rounds must be at least 1");
+        if std::env::var_os(RANK_MARKER).is_some() {
+            dist::mpi::run(|pg| time_on_ranks(pg, &args));
+            return Ok(());
+        }
+        let load_before = crate::machine::load_average();
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+        let debug = std::env::var("DDP_DEBUG").unwrap_or_else(|_| "unset (signatures on)".into());
+        println!(
+            "MPI all_reduce (sum, f32) on {} processes, {cores} cores, DDP_DEBUG {debug}, {} warm-up + {} timed \
+             rounds, median of the slowest rank; load average before: {load_before}\n",
+            args.np, args.warmup, args.rounds
+        );
+        println!("| size | path | all_reduce ms | algbw GB/s | memcpy ms | memcpy GB/s | all_reduce / memcpy bandwidth |");
+        println!("| ---: | :--- | ---: | ---: | ---: | ---: | ---: |");
+        for (path, shm) in [("shared memory", "on"), ("Open MPI (DDP_MPI_SHM=off)", "off")] {
+            let exe = std::env::current_exe()?;
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/launch.sh");
+            let status = Command::new("bash")
+                .arg(script)
+                .args(["-np", &args.np.to_string()])
+                .arg(exe)
+                .args(["--backend", "mpi"])
+                .args(rest)
+                .env(RANK_MARKER, path)
+                .env("DDP_MPI_SHM", shm)
+                .status()?;
+            anyhow::ensure!(status.success(), "the {path} run under scripts/launch.sh failed: {status}");
+        }
+        println!("\nload average after: {}", crate::machine::load_average());
+        Ok(())
+    }
+
+    /// One rank: for each size, time `rounds` all_reduces after a barrier
+    /// each; rank 0 also times a memcpy and prints the row.
+    fn time_on_ranks(pg: dist::Group, args: &Args) -> anyhow::Result<()> {
+        tch::set_num_threads(1); // one core per rank, as the training run on MPI
+        let path = std::env::var(RANK_MARKER).unwrap_or_default();
+        let through_before = dist::mpi::shared_memory_all_reduces();
+        for &mib in &args.sizes_mib {
+            let numel = (mib * 1024.0 * 1024.0 / 4.0) as i64;
+            anyhow::ensure!(numel > 0, "every size must hold at least one f32");
+            let mut t = Tensor::ones([numel], (Kind::Float, Device::Cpu));
+            let mut times = Vec::with_capacity(args.rounds);
+            for round in 0..args.warmup + args.rounds {
+                _ = t.fill_(1.0);
+                pg.barrier()?;
+                let started = Instant::now();
+                pg.all_reduce(&mut t, ReduceOp::Sum)?;
+                if round >= args.warmup {
+                    times.push(started.elapsed().as_secs_f64());
+                }
+            }
+            anyhow::ensure!(t.double_value(&[0]) == pg.world_size() as f64, "the sum is wrong: {t:?}");
+            // The slowest rank's time of each round.
+            let mut slowest = Tensor::from_slice(&times);
+            pg.all_reduce(&mut slowest, ReduceOp::Max)?;
+            if pg.rank() == 0 {
+                let reduce = median(Vec::<f64>::try_from(&slowest)?);
+                let copy = memcpy_time(numel, args);
+                let gbps = |secs: f64| (numel * 4) as f64 / secs / 1e9;
+                println!(
+                    "| {mib} MiB | {path} | {:.3} | {:.2} | {:.3} | {:.2} | {:.2}x |",
+                    reduce * 1e3,
+                    gbps(reduce),
+                    copy * 1e3,
+                    gbps(copy),
+                    gbps(reduce) / gbps(copy)
+                );
+            }
+        }
+        let through = dist::mpi::shared_memory_all_reduces() - through_before;
+        anyhow::ensure!(
+            (through > 0) == (std::env::var("DDP_MPI_SHM").as_deref() != Ok("off")),
+            "{through} all_reduces went through shared memory on the {path} run"
+        );
+        Ok(())
+    }
+
+    /// One memcpy of `numel` f32 (libtorch's copy_, one thread), the median.
+    fn memcpy_time(numel: i64, args: &Args) -> f64 {
+        let source = Tensor::ones([numel], (Kind::Float, Device::Cpu));
+        let mut target = Tensor::zeros([numel], (Kind::Float, Device::Cpu));
+        let times = (0..args.warmup + args.rounds)
+            .map(|_| {
+                let started = Instant::now();
+                target.copy_(&source);
+                started.elapsed().as_secs_f64()
+            })
+            .skip(args.warmup)
+            .collect();
+        median(times)
+    }
+
+    fn median(mut times: Vec<f64>) -> f64 {
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    }
+}
