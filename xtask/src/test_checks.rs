@@ -56,7 +56,10 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
 
     let gpu = gpu::find_gpu();
     match &gpu {
-        Some(found) => println!("GPU: {found}: the GPU tests (tests/nccl.rs) run too, with --include-ignored"),
+        Some(found) => {
+            let files: Vec<String> = gpu::GPU_TEST_TARGETS.iter().map(|t| format!("tests/{t}.rs")).collect();
+            println!("GPU: {found}: the GPU tests ({}) run too, with --include-ignored", files.join(", "))
+        }
         None => println!("GPU: none (no /dev/nvidia0, no GPU from nvidia-smi -L): the GPU tests are skipped, each with its reason"),
     }
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
