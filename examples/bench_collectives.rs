@@ -14,27 +14,39 @@
 //!      cargo run --release --example bench_collectives -- --world-sizes 2,4 \
 //!          --sizes-mib 0.00390625,0.0625,0.4,4,25 --data chapters/figures/data/collectives.tsv
 //!
-//! The MPI backend on 2 processes, through shared memory and through Open
-//! MPI, next to memcpy (examples/support/mpi_collectives.rs):
-//!      cargo run --release --features mpi --example bench_collectives -- --backend mpi
-//!
 //! Each round, every rank meets the others at a barrier, then times one
 //! all_reduce (SUM) of its own tensor; the round takes as long as its
-//! slowest rank. A sum of N tensors must read every byte N times and write
+//! slowest rank. Next to each time: the spread of the ranks' times in a
+//! round and how the ranks waited (examples/support/in_process_timing.rs).
+//! `--scheme rank-order|split` forces one of the two algorithms (default:
+//! chosen by size and rank count); `--sweep` times both and the choice on
+//! 1 to 256 ranks, 4 B to 25 MiB:
+//!      cargo run --release --example bench_collectives -- --sweep
+//!
+//! A sum of N tensors must read every byte N times and write
 //! the result to every rank, so on one machine "memory speed" is the bound:
 //! the ratio says how close the backend gets to it.
 
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use ddp_workbook::dist::{spawn, ReduceOp};
+use clap::{Parser, ValueEnum};
+use ddp_workbook::dist::local::AllReduceScheme;
 use ddp_workbook::tch::{self, Device, Kind, Tensor};
 
+#[path = "support/in_process_timing.rs"]
+mod in_process_timing;
 #[path = "support/machine.rs"]
 mod machine;
-#[path = "support/mpi_collectives.rs"]
-mod mpi_collectives;
+use in_process_timing::{median, sweep, time_all_reduce};
 use machine::load_average;
+
+/// `--scheme`: the in-process all_reduce's algorithm.
+#[derive(Clone, Copy, ValueEnum)]
+enum Scheme {
+    Auto,
+    RankOrder,
+    Split,
+}
 
 #[derive(Parser)]
 #[command(about = "Time the in-process all_reduce against a memcpy of the same size")]
@@ -56,15 +68,20 @@ struct Args {
     /// command, the machine and its load in `#` lines), for the figures.
     #[arg(long)]
     data: Option<std::path::PathBuf>,
+    /// The all_reduce's algorithm: chosen by size and rank count, or forced.
+    #[arg(long, value_enum, default_value_t = Scheme::Auto)]
+    scheme: Scheme,
+    /// Instead of the table: 1 to 256 ranks, 4 B to 25 MiB, each scheme
+    /// forced and the automatic choice (at most --rounds rounds a case).
+    #[arg(long)]
+    sweep: bool,
+    /// The sweep's world sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8, 16, 32, 64, 128, 256])]
+    sweep_ranks: Vec<usize>,
 }
 
 fn elements(mib: f64) -> i64 {
     (mib * 1024.0 * 1024.0 / 4.0) as i64 // f32
-}
-
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
 }
 
 /// One memcpy of `mib` MiB, the median over `rounds`.
@@ -82,29 +99,7 @@ fn memcpy_time(mib: f64, args: &Args) -> Duration {
     median(times)
 }
 
-/// The median over rounds of the slowest rank's all_reduce time.
-fn all_reduce_time(world_size: usize, mib: f64, args: &Args) -> anyhow::Result<Duration> {
-    let per_rank = spawn(world_size, |pg| {
-        let mut tensor = Tensor::full([elements(mib)], pg.rank() as f64, (Kind::Float, Device::Cpu));
-        let mut times = Vec::with_capacity(args.rounds);
-        for round in 0..args.warmup + args.rounds {
-            pg.barrier()?; // start together
-            let started = Instant::now();
-            pg.all_reduce(&mut tensor, ReduceOp::Sum)?;
-            if round >= args.warmup {
-                times.push(started.elapsed());
-            }
-        }
-        Ok(times)
-    })?;
-    let slowest = (0..args.rounds).map(|i| per_rank.iter().map(|t| t[i]).max().unwrap_or_default()).collect();
-    Ok(median(slowest))
-}
-
 fn main() -> anyhow::Result<()> {
-    if let Some(code) = mpi_collectives::main_if_asked() {
-        std::process::exit(code); // --backend mpi: examples/support/mpi_collectives.rs
-    }
     let args = Args::parse();
     anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
     anyhow::ensure!(args.world_sizes.iter().all(|&n| n > 0), "every world size must be at least 1");
@@ -115,26 +110,42 @@ fn main() -> anyhow::Result<()> {
     tch::set_num_threads(1); // the rank threads are the parallelism; libtorch's pool would oversubscribe
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let load_before = load_average();
+    if args.sweep {
+        println!("in-process all_reduce (sum, f32), {cores} cores, load average before: {load_before}");
+        sweep(&args.sweep_ranks, args.rounds)?;
+        println!("\nload average after: {}", load_average());
+        return Ok(());
+    }
+    let scheme = match args.scheme {
+        Scheme::Auto => AllReduceScheme::Auto,
+        Scheme::RankOrder => AllReduceScheme::RankOrder,
+        Scheme::Split => AllReduceScheme::Split,
+    };
     println!(
-        "in-process all_reduce (sum, f32), {cores} cores, {} warm-up + {} timed rounds, median of the slowest rank\n",
+        "in-process all_reduce (sum, f32, scheme {scheme:?}), {cores} cores, {} warm-up + {} timed rounds, \
+         median of the slowest rank; spread: slowest rank's time minus the fastest's; waits per round \
+         (barrier included): watches won/lost/sleeps/wake-ups\n",
         args.warmup, args.rounds
     );
-    println!("| size | ranks | all_reduce ms | algbw GB/s | memcpy ms | memcpy GB/s | all_reduce / memcpy bandwidth |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| size | ranks | all_reduce ms | algbw GB/s | memcpy ms | memcpy GB/s | all_reduce / memcpy bandwidth | spread ms | waits |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- |");
     let mut points = String::from("bytes\tranks\tall_reduce_s\tmemcpy_s\n");
     for &mib in &args.sizes_mib {
         let bytes = (elements(mib) * 4) as f64;
         let copy = memcpy_time(mib, &args);
         for &world_size in &args.world_sizes {
-            let reduce = all_reduce_time(world_size, mib, &args)?;
+            let measured = time_all_reduce(world_size, elements(mib), scheme, args.warmup, args.rounds)?;
+            let reduce = measured.time;
             let gbps = |t: Duration| bytes / t.as_secs_f64() / 1e9;
             println!(
-                "| {mib} MiB | {world_size} | {:.3} | {:.2} | {:.3} | {:.2} | {:.2}x |",
+                "| {mib} MiB | {world_size} | {:.3} | {:.2} | {:.3} | {:.2} | {:.2}x | {:.3} | {} |",
                 reduce.as_secs_f64() * 1e3,
                 gbps(reduce),
                 copy.as_secs_f64() * 1e3,
                 gbps(copy),
-                gbps(reduce) / gbps(copy)
+                gbps(reduce) / gbps(copy),
+                measured.spread.as_secs_f64() * 1e3,
+                measured.waits_per_round()
             );
             points.push_str(&format!(
                 "{bytes}\t{world_size}\t{:e}\t{:e}\n",

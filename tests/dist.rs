@@ -11,7 +11,9 @@
 //! - `groups.rs`: sub-groups made with `new_group`;
 //! - `tags.rs`: same-shaped calls in another order, untagged and tagged;
 //! - `split_reduce.rs`: the in-place all_reduce: handles waited in any
-//!   order, and the rank-ordered result bitwise for every operation.
+//!   order, and the rank-ordered result bitwise for every operation;
+//! - `schemes.rs`: the all_reduce's two algorithms, forced and chosen, on 1
+//!   to 256 ranks, around the size where the choice changes.
 //!
 //! No test can hang: every `spawn` here has an explicit timeout.
 
@@ -27,6 +29,8 @@ mod groups;
 mod invalid;
 #[path = "dist/link.rs"]
 mod link;
+#[path = "dist/schemes.rs"]
+mod schemes;
 #[path = "dist/split_reduce.rs"]
 mod split_reduce;
 #[path = "dist/stats_and_grads.rs"]

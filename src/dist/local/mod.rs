@@ -12,7 +12,9 @@
 //! | `world.rs` | the state a group's ranks share, who left, sub-groups, the one way to wait |
 //! | `rendezvous.rs` | how call number `seq` of every rank meets, and fails together |
 //! | `slot.rs` | one call's meeting place and its shared result, computed in rank order |
+//! | `scheme.rs` | which all_reduce algorithm a call uses: by size and rank count |
 //! | `split_reduce.rs` | the all_reduce that its ranks finish in place, in their own tensors |
+//! | `spin.rs` | how a rank waits: watch briefly, then sleep; counts of each |
 //! | `p2p.rs` | `send` and `recv`: mailboxes between two ranks |
 //! | `comm_thread.rs` | each rank's communication thread, where `all_reduce_async` progresses |
 //! | `link.rs` | [`SimulatedLink`]: a network's cost on one machine |
@@ -26,11 +28,15 @@ mod group;
 mod link;
 mod p2p;
 mod rendezvous;
+mod scheme;
 mod slot;
 mod spawn;
+mod spin;
 mod split_reduce;
 mod world;
 
 pub use group::LocalProcessGroup;
 pub use link::SimulatedLink;
+pub use scheme::{split_wins, AllReduceScheme, SPLIT_FROM_BYTES};
 pub use spawn::{spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
+pub use spin::{wait_counts, WaitCounts};

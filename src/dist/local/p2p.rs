@@ -21,7 +21,7 @@ impl World {
         }
         state.mailboxes.entry((src, dst)).or_default().push_back(message);
         drop(state);
-        self.changed.notify_all();
+        self.notify();
         Ok(())
     }
 
@@ -29,7 +29,7 @@ impl World {
     /// Messages that `src` sent before it left are still delivered.
     pub fn take_message(&self, src: usize, dst: usize, op_name: &str) -> Result<Tensor, DistError> {
         let deadline = Instant::now().checked_add(self.timeout);
-        let mut state = self.lock();
+        let (mut state, mut watched) = (self.lock(), false);
         loop {
             if let Some(message) = state.mailboxes.get_mut(&(src, dst)).and_then(VecDeque::pop_front) {
                 return Ok(message);
@@ -37,7 +37,7 @@ impl World {
             if let Some(error) = self.wait_failure(&state.gone, dst, &[src], deadline, op_name) {
                 return Err(error);
             }
-            state = self.wait(state, deadline);
+            state = self.wait(state, deadline, &mut watched);
         }
     }
 }

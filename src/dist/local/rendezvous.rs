@@ -61,9 +61,14 @@ impl World {
             slot.inputs[rank] = input;
         }
         if slot.outcome.is_none() && slot.arrived.iter().all(|&a| a) {
+            let bytes =
+                slot.inputs.iter().flatten().next().map_or(0, |t| t.numel() * t.kind().elt_size_in_bytes());
             let split = match call.op {
                 // Reduced by its ranks, in place, when they wait (split_reduce.rs).
-                Op::AllReduce(reduce) if self.size > 1 && slot.abandoned.is_none() => {
+                // Or by the rank-order sum below, when that is faster (scheme.rs).
+                Op::AllReduce(reduce)
+                    if self.size > 1 && slot.abandoned.is_none() && self.scheme.splits(bytes, self.size) =>
+                {
                     let inputs: Vec<&Tensor> = slot.inputs.iter().flatten().collect();
                     let tensors: Vec<Tensor> = inputs.iter().map(|t| t.shallow_clone()).collect();
                     // Tensors that share memory go down the copying path (see split_reduce.rs).
@@ -103,8 +108,13 @@ impl World {
                 }
             }
         }
+        // Waiters wait for the outcome: an arrival that does not settle the
+        // call wakes no one (on N ranks that would be N wake-ups per arrival).
+        let settled = state.slots.get(&seq).is_none_or(|slot| slot.outcome.is_some());
         drop(state);
-        self.changed.notify_all();
+        if settled {
+            self.notify();
+        }
     }
 
     /// Waits for collective `seq` to finish and hands `take` the shared result
@@ -156,7 +166,7 @@ impl World {
         let op = || op_name.to_string();
         let (me, global) = (self.global[rank], &self.global);
         let deadline = Instant::now().checked_add(self.timeout);
-        let mut guard = self.lock();
+        let (mut guard, mut watched) = (self.lock(), false);
         loop {
             let state = &mut *guard;
             let Some(slot) = state.slots.get_mut(&seq) else {
@@ -182,7 +192,7 @@ impl World {
                 }
                 (None, _) if slot.computing => {
                     // Every rank is here and the result is moments away.
-                    guard = self.wait(guard, None);
+                    guard = self.wait(guard, None, &mut watched);
                     continue;
                 }
                 (None, abandoned) => {
@@ -213,7 +223,7 @@ impl World {
                             timeout
                         }
                         (None, _) => {
-                            guard = self.wait(guard, deadline);
+                            guard = self.wait(guard, deadline, &mut watched);
                             continue;
                         }
                     };
@@ -233,20 +243,21 @@ impl World {
     /// `rank`'s part of a split all_reduce: it works on the call's tasks
     /// until its own tensor holds the result (see `split_reduce.rs`).
     fn finish_split(&self, rank: usize, split: &SplitReduce, op_name: &str) -> Result<(), DistError> {
-        let task_done = || {
+        let wake = || {
             drop(self.lock()); // so that no waiter misses the wake-up below
-            self.changed.notify_all();
+            self.notify();
         };
         // The tasks it waits for are in progress on other threads, and a task
         // always ends: neither a rank that left nor a deadline can be a
         // reason to stop.
+        // It has watched already (split_reduce.rs): it sleeps at once.
         let sleep_until = |finished: &dyn Fn() -> bool| {
-            let mut guard = self.lock();
+            let (mut guard, mut watched) = (self.lock(), true);
             while !finished() {
-                guard = self.wait(guard, None);
+                guard = self.wait(guard, None, &mut watched);
             }
         };
-        split.work_until_done(rank, &task_done, &sleep_until).map_err(|message| DistError::Torch {
+        split.work_until_done(self.spins, &wake, &sleep_until).map_err(|message| DistError::Torch {
             rank: self.global[rank],
             op: op_name.to_string(),
             cause: tch::TchError::Torch(message),

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use super::group::LocalProcessGroup;
 use super::link::SimulatedLink;
+use super::scheme::AllReduceScheme;
 use super::world::World;
 use crate::dist::{timeout_from_env, Group};
 use crate::error_text::panic_message;
@@ -35,6 +36,7 @@ pub struct SpawnOptions {
     /// Fault injection for tests: the operating system "refuses" this rank's thread.
     refuse_thread_of_rank: Option<usize>,
     link: Option<SimulatedLink>,
+    all_reduce_scheme: AllReduceScheme,
 }
 
 impl SpawnOptions {
@@ -43,7 +45,13 @@ impl SpawnOptions {
     /// makes [`spawn_with`] return [`SpawnError::InvalidTimeout`], before any
     /// rank starts: a typo should not silently mean the default.
     pub fn new(world_size: usize) -> Self {
-        SpawnOptions { world_size, timeout: None, refuse_thread_of_rank: None, link: None }
+        SpawnOptions {
+            world_size,
+            timeout: None,
+            refuse_thread_of_rank: None,
+            link: None,
+            all_reduce_scheme: AllReduceScheme::Auto,
+        }
     }
 
     /// Every call waits at most `timeout` (which must not be zero).
@@ -56,6 +64,13 @@ impl SpawnOptions {
     /// [`SimulatedLink`]): a network on a laptop, to see what overlap hides.
     pub fn link(mut self, link: SimulatedLink) -> Self {
         self.link = Some(link);
+        self
+    }
+
+    /// Forces the all_reduce's algorithm (`Auto` by default: chosen by size
+    /// and rank count); for benchmarks and tests that compare the two.
+    pub fn all_reduce_scheme(mut self, scheme: AllReduceScheme) -> Self {
+        self.all_reduce_scheme = scheme;
         self
     }
 
@@ -168,7 +183,7 @@ where
         return Err(SpawnError::NoRanks(size));
     }
     let timeout = options.resolved_timeout()?;
-    let world = Arc::new(World::new(size, timeout, options.link));
+    let world = Arc::new(World::new(size, timeout, options.link, options.all_reduce_scheme));
     let failures = Mutex::new(Vec::new());
     let (results, refused) = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(size);

@@ -1,28 +1,32 @@
 //! The in-process all_reduce at memory speed: in place, in the callers' own
-//! tensors, with the work split over the ranks that wait for it.
-//! Try it: `cargo test --test dist`; measure it:
-//! `cargo run --release --example bench_collectives`.
+//! tensors, with the work shared by the ranks that wait for it. Used from
+//! 64 KiB on (`scheme.rs` says when). Try it: `cargo test --test dist`;
+//! measure it: `cargo run --release --example bench_collectives`.
 //!
 //! Once every rank has arrived, the flat tensors x_0 .. x_{N-1} are cut into
-//! N slices. Reducing slice s is a chain of in-place operations along the
-//! ranks' own tensors: x_1[s] op= x_0[s], x_2[s] op= x_1[s], ..., so that
-//! x_{N-1}[s] ends up holding ((x_0 op x_1) op x_2) op ... in rank order.
+//! blocks. Reducing block b is a chain of in-place operations along the
+//! ranks' own tensors: x_1[b] op= x_0[b], x_2[b] op= x_1[b], ..., so that
+//! x_{N-1}[b] ends up holding ((x_0 op x_1) op x_2) op ... in rank order.
 //! Addition and multiplication are commutative in floating point, so each
 //! step computes exactly what the rank-ordered sum computes: the result is
-//! bitwise the one of the old, single-threaded reduction, on every run. Then
-//! each rank's tensor gets x_{N-1} copied into it. No buffer is allocated.
+//! bitwise the one of the rank-order scheme, on every run. Then, while the
+//! block is still in the cache, x_{N-1}[b] is copied into every other
+//! rank's block. No buffer is allocated.
 //!
-//! The slices and the copies are tasks that any waiting rank may claim: a
-//! rank starts with its own slice, then takes whatever is left. So a rank
-//! never waits for another rank's thread, only for work in progress, and
-//! ranks that wait on their `Work` handles in different orders cannot block
-//! each other. Rank N-1 returns last: the others copy from its tensor.
+//! A block is one task, reduced and copied back by whichever rank claims it
+//! next (a counter that every rank increments). So a rank never waits for
+//! another rank's thread, only for the blocks in progress, and a rank that
+//! arrives late or is descheduled simply does fewer blocks; ranks that wait
+//! on their `Work` handles in different orders cannot block each other.
+//! Every rank waits until every block is done (each block writes every
+//! rank's tensor), and only the rank that finishes the last block wakes the
+//! sleepers: one wake-up per call, not one per task.
 //!
 //! Once every rank has arrived, nothing can stop the call: a task is pure
 //! computation on tensors the call holds, and it always ends (a panic in one
 //! is caught and reported to every rank like libtorch's errors). So a rank
 //! that leaves now (it panicked after `all_reduce_async`, its communication
-//! thread still reducing a slice) fails no one, and no deadline applies:
+//! thread still reducing a block) fails no one, and no deadline applies:
 //! either every rank gets the result, or every rank gets the same error.
 //!
 //! Tensors that share memory (one tensor handed to two ranks) would be read
@@ -32,34 +36,35 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use tch::Tensor;
 
+use super::spin::{cores, spin_until};
 use crate::dist::ReduceOp;
 use crate::error_text::panic_message;
 
-const UNCLAIMED: usize = usize::MAX;
-
-/// How long a rank watches tasks in progress before it sleeps on the condvar.
-const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// A block's size, when the tensor is large: its N pieces and the result
+/// stay in a core's cache between the reduction and the copies back.
+const BLOCK_BYTES: i64 = 512 * 1024;
+/// The smallest block made to give each core that can work on the call a
+/// few (a block costs about 3N libtorch calls, microseconds each, however
+/// small it is: more blocks than cores only buys the balance).
+const MIN_BLOCK_BYTES: i64 = 64 * 1024;
+const BLOCKS_PER_CORE: i64 = 4;
 
 /// One all_reduce being finished by its ranks.
 pub(super) struct SplitReduce {
     /// Each rank's own tensor, as a flat view ([numel], same storage).
-    /// Behind a mutex because tch tensors are `Send` but not `Sync`: a task
+    /// Behind a mutex because tch tensors are `Send` but not `Sync`: a rank
     /// takes shallow handles under the lock and works outside it.
     flat: Mutex<Vec<Tensor>>,
     op: ReduceOp,
-    /// (offset, length) of each slice.
-    slices: Vec<(i64, i64)>,
-    /// Who claimed the reduction of slice s, and the copy of slice s into
-    /// rank t's tensor, task t * N + s (t < N-1: rank N-1's tensor holds the
-    /// result already). Copies are per slice too, so that ranks share them.
-    reduce_owner: Vec<AtomicUsize>,
-    copy_owner: Vec<AtomicUsize>,
-    reduce_done: Vec<AtomicUsize>,
-    copy_done: Vec<AtomicUsize>,
+    /// (offset, length) of each block.
+    blocks: Vec<(i64, i64)>,
+    /// The next block to claim (past the end: none left).
+    next: AtomicUsize,
+    /// How many blocks are reduced and copied back.
+    done: AtomicUsize,
     /// libtorch's message if a task failed: every rank reports it.
     failure: Mutex<Option<String>>,
 }
@@ -69,18 +74,20 @@ impl SplitReduce {
     /// the caller falls back to reducing into a new tensor.
     pub fn new(inputs: &[Tensor], op: ReduceOp) -> Option<Arc<SplitReduce>> {
         let flat: Vec<Tensor> = inputs.iter().map(|t| t.f_view([-1]).ok()).collect::<Option<_>>()?;
-        let (n, numel) = (inputs.len(), flat[0].numel() as i64);
-        let bounds = |s: i64| s * numel / n as i64; // slice s: bounds(s) .. bounds(s + 1)
-        let slices = (0..n as i64).map(|s| (bounds(s), bounds(s + 1) - bounds(s))).collect();
-        let counters = |k: usize| (0..k).map(|_| AtomicUsize::new(UNCLAIMED)).collect::<Vec<_>>();
+        let numel = flat[0].numel() as i64;
+        let bytes = numel * inputs[0].kind().elt_size_in_bytes() as i64;
+        let for_cache = (bytes + BLOCK_BYTES - 1) / BLOCK_BYTES;
+        let workers = inputs.len().min(cores()) as i64;
+        let for_balance = (BLOCKS_PER_CORE * workers).min((bytes + MIN_BLOCK_BYTES - 1) / MIN_BLOCK_BYTES);
+        let count = for_cache.max(for_balance).min(numel).max(1);
+        let bounds = |b: i64| b * numel / count; // block b: bounds(b) .. bounds(b + 1)
+        let blocks = (0..count).map(|b| (bounds(b), bounds(b + 1) - bounds(b))).collect();
         Some(Arc::new(SplitReduce {
             flat: Mutex::new(flat),
             op,
-            slices,
-            reduce_owner: counters(n),
-            copy_owner: counters((n - 1) * n),
-            reduce_done: counters(n),
-            copy_done: counters((n - 1) * n),
+            blocks,
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             failure: Mutex::new(None),
         }))
     }
@@ -89,11 +96,12 @@ impl SplitReduce {
         self.flat.lock().unwrap_or_else(|p| p.into_inner()).iter().map(Tensor::shallow_clone).collect()
     }
 
-    /// Reduces slice `s` along the chain of ranks (see the module's comment).
-    fn reduce_slice(&self, s: usize) -> Result<(), tch::TchError> {
-        let (offset, len) = self.slices[s];
-        let views =
-            self.handles().iter().map(|t| t.f_narrow(0, offset, len)).collect::<Result<Vec<_>, _>>()?;
+    /// Reduces block `b` along the chain of ranks (see the module's comment),
+    /// then copies the result into every other rank's tensor.
+    fn reduce_block(&self, flat: &[Tensor], b: usize) -> Result<(), tch::TchError> {
+        let (offset, len) = self.blocks[b];
+        let views = flat.iter().map(|t| t.f_narrow(0, offset, len)).collect::<Result<Vec<_>, _>>()?;
+        let last = views.len() - 1;
         tch::no_grad(|| {
             for k in 1..views.len() {
                 let (before, mut this) = (&views[k - 1], views[k].shallow_clone());
@@ -105,27 +113,59 @@ impl SplitReduce {
                 }
             }
             if self.op == ReduceOp::Avg {
-                let mut last = views[views.len() - 1].shallow_clone();
-                _ = last.f_div_scalar_(views.len() as f64)?;
+                let mut result = views[last].shallow_clone();
+                _ = result.f_div_scalar_(views.len() as f64)?;
+            }
+            for view in &views[..last] {
+                view.shallow_clone().f_copy_(&views[last])?;
             }
             Ok(())
         })
     }
 
-    /// Copy task `task`: slice s of the result (rank N-1's tensor) into rank t's.
-    fn copy_slice(&self, task: usize) -> Result<(), tch::TchError> {
-        let n = self.slices.len();
-        let (t, (offset, len)) = (task / n, self.slices[task % n]);
-        let handles = self.handles();
-        let mut target = handles[t].f_narrow(0, offset, len)?;
-        let result = handles[n - 1].f_narrow(0, offset, len)?;
-        tch::no_grad(|| target.f_copy_(&result))
+    fn finished(&self) -> bool {
+        self.done.load(Ordering::Acquire) == self.blocks.len()
     }
 
-    /// Whether every slice of rank `t`'s tensor has its result.
-    fn copied_into(&self, t: usize) -> bool {
-        let n = self.slices.len();
-        all_done(&self.copy_done[t * n..(t + 1) * n])
+    /// A rank's part of the call: claims blocks until none is left, then
+    /// waits until every block is done. `spin`: watch before sleeping
+    /// (`spin.rs`). The rank that finishes the last block calls `wake`,
+    /// which wakes the ranks in `sleep_until(finished)` (which must return
+    /// once `finished()` holds). Returns libtorch's message if any task
+    /// failed: every rank returns the same one.
+    pub fn work_until_done(
+        &self,
+        spin: bool,
+        wake: &dyn Fn(),
+        sleep_until: &dyn Fn(&dyn Fn() -> bool),
+    ) -> Result<(), String> {
+        let mut flat: Option<Vec<Tensor>> = None; // taken at the first block claimed
+        loop {
+            let b = self.next.fetch_add(1, Ordering::AcqRel);
+            if b >= self.blocks.len() {
+                break;
+            }
+            let flat = flat.get_or_insert_with(|| self.handles());
+            let failure = match catch_unwind(AssertUnwindSafe(|| self.reduce_block(flat, b))) {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(panic) => Some(format!("a task of the reduction panicked: {}", panic_message(&*panic))),
+            };
+            if let Some(failure) = failure {
+                self.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(failure);
+            }
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.blocks.len() {
+                wake();
+            }
+        }
+        let finished = || self.finished();
+        if !(finished() || spin && spin_until(finished)) {
+            sleep_until(&finished);
+        }
+        match self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            None => Ok(()),
+            Some(message) => Err(message),
+        }
     }
 }
 
@@ -143,85 +183,4 @@ pub(super) fn any_overlap(tensors: &[Tensor]) -> bool {
         .collect();
     ranges.sort_unstable();
     ranges.windows(2).any(|pair| pair[1].0 < pair[0].1)
-}
-
-/// The first unclaimed task, looking from `start` on, now claimed by `rank`.
-fn claim(owners: &[AtomicUsize], rank: usize, start: usize) -> Option<usize> {
-    let n = owners.len();
-    (0..n).map(|i| (start + i) % n).find(|&task| {
-        owners[task].compare_exchange(UNCLAIMED, rank, Ordering::AcqRel, Ordering::Acquire).is_ok()
-    })
-}
-
-fn all_done(done: &[AtomicUsize]) -> bool {
-    done.iter().all(|d| d.load(Ordering::Acquire) != UNCLAIMED)
-}
-
-impl SplitReduce {
-    /// `rank`'s part of the call: works until every slice is reduced and
-    /// every copy made that this rank must see before it returns. After each
-    /// task it finishes it calls `task_done`, which wakes the ranks waiting
-    /// for it; with nothing left to claim it calls `sleep_until(finished)`,
-    /// which must return once `finished()` holds (the other ranks'
-    /// `task_done` wakes it). Returns libtorch's message if any task failed:
-    /// every rank returns the same one.
-    pub fn work_until_done(
-        &self,
-        rank: usize,
-        task_done: &dyn Fn(),
-        sleep_until: &dyn Fn(&dyn Fn() -> bool),
-    ) -> Result<(), String> {
-        let (size, last) = (self.slices.len(), self.slices.len() - 1);
-        loop {
-            let (owners, done, task_is_copy) = if !all_done(&self.reduce_done) {
-                (&self.reduce_owner, &self.reduce_done, false)
-            } else {
-                (&self.copy_owner, &self.copy_done, true)
-            };
-            // Own work first: this rank's slice, or the copies into its own tensor.
-            let start = if task_is_copy { rank.min(last - 1) * size } else { rank };
-            if let Some(task) = claim(owners, rank, start) {
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    if task_is_copy {
-                        self.copy_slice(task)
-                    } else {
-                        self.reduce_slice(task)
-                    }
-                }));
-                let failure = match result {
-                    Ok(Ok(())) => None,
-                    Ok(Err(error)) => Some(error.to_string()),
-                    Err(panic) => {
-                        Some(format!("a task of the reduction panicked: {}", panic_message(&*panic)))
-                    }
-                };
-                if let Some(failure) = failure {
-                    self.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(failure);
-                }
-                done[task].store(rank, Ordering::Release);
-                task_done();
-                continue;
-            }
-            // Nothing left to claim at this stage: wait for the tasks in progress.
-            let finished = || match (task_is_copy, rank == last) {
-                (false, _) => all_done(&self.reduce_done),
-                (true, true) => all_done(&self.copy_done), // others read my tensor
-                (true, false) => self.copied_into(rank),
-            };
-            if task_is_copy && finished() {
-                return match self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-                    None => Ok(()),
-                    Some(message) => Err(message),
-                };
-            }
-            // The tasks in progress run on other cores and take microseconds
-            // to a few milliseconds: watch them briefly before going to sleep,
-            // since a condvar's wake-up alone costs tens of microseconds.
-            let watching = Instant::now();
-            while !finished() && watching.elapsed() < SPIN {
-                std::hint::spin_loop();
-            }
-            sleep_until(&finished);
-        }
-    }
 }

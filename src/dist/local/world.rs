@@ -8,13 +8,16 @@
 //! That is why no call can hang forever.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
 use super::link::SimulatedLink;
+use super::scheme::AllReduceScheme;
 use super::slot::Slot;
+use super::spin::{count_sleep, count_wake_up, may_spin, spin_until};
 use crate::dist::DistError;
 
 /// A sub-group created from this world: its members (ranks of this world,
@@ -46,13 +49,19 @@ pub(super) struct World {
     pub label: String,
     /// How long each all-reduce takes at least (`SpawnOptions::link`).
     pub link: Option<SimulatedLink>,
+    /// How all_reduce calls are reduced (`scheme.rs`).
+    pub scheme: AllReduceScheme,
+    /// Whether a waiting rank may watch before it sleeps: a core per rank (`spin.rs`).
+    pub spins: bool,
     state: Mutex<State>,
-    pub(super) changed: Condvar,
+    changed: Condvar,
+    /// How many times `changed` was notified: what a watching rank watches.
+    changes: AtomicU64,
 }
 
 impl World {
-    pub fn new(size: usize, timeout: Duration, link: Option<SimulatedLink>) -> Self {
-        Self::with_global_ranks((0..size).collect(), timeout, String::new(), link)
+    pub fn new(size: usize, timeout: Duration, link: Option<SimulatedLink>, scheme: AllReduceScheme) -> Self {
+        Self::with_global_ranks((0..size).collect(), timeout, String::new(), link, scheme)
     }
 
     fn with_global_ranks(
@@ -60,10 +69,22 @@ impl World {
         timeout: Duration,
         label: String,
         link: Option<SimulatedLink>,
+        scheme: AllReduceScheme,
     ) -> Self {
         let size = global.len();
         let state = State { gone: vec![None; size], ..State::default() };
-        World { size, global, timeout, label, link, state: Mutex::new(state), changed: Condvar::new() }
+        World {
+            size,
+            global,
+            timeout,
+            label,
+            link,
+            scheme,
+            spins: may_spin(size),
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+            changes: AtomicU64::new(0),
+        }
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
@@ -94,7 +115,7 @@ impl World {
                 .filter_map(|g| g.members.iter().position(|&m| m == rank).map(|i| (i, g.world.clone())))
                 .collect()
         };
-        self.changed.notify_all();
+        self.notify();
         for (sub_rank, world) in sub_groups {
             world.leave(sub_rank, reason.clone());
         }
@@ -121,7 +142,8 @@ impl World {
         let entry = state.sub_groups.entry(key).or_insert_with(|| {
             let global: Vec<usize> = members.iter().map(|&m| self.global[m]).collect();
             let label = format!(" of sub-group {global:?}");
-            let world = Arc::new(World::with_global_ranks(global, self.timeout, label, self.link));
+            let world =
+                Arc::new(World::with_global_ranks(global, self.timeout, label, self.link, self.scheme));
             SubGroup { members: members.to_vec(), world }
         });
         entry.world.clone()
@@ -151,13 +173,34 @@ impl World {
         None
     }
 
-    /// Sleeps until something changes or the deadline passes (spurious
-    /// wake-ups are fine: every caller re-checks in a loop).
+    /// Wakes every waiter: something they may wait for has changed. Call it
+    /// after the change, with the lock released.
+    pub(super) fn notify(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
+        count_wake_up();
+        self.changed.notify_all();
+    }
+
+    /// Waits until something changes or the deadline passes (spurious
+    /// wake-ups are fine: every caller re-checks in a loop). The first wait
+    /// of a caller's loop (`*watched` false) with a core per rank watches
+    /// for a change for a moment instead of sleeping (`spin.rs`), and
+    /// returns either way: the caller re-checks under the lock before it
+    /// waits again, so no wake-up is missed.
     pub(super) fn wait<'a>(
-        &self,
+        &'a self,
         state: MutexGuard<'a, State>,
         deadline: Option<Instant>,
+        watched: &mut bool,
     ) -> MutexGuard<'a, State> {
+        if self.spins && !*watched {
+            *watched = true;
+            let seen = self.changes.load(Ordering::Acquire);
+            drop(state);
+            spin_until(|| self.changes.load(Ordering::Acquire) != seen);
+            return self.lock();
+        }
+        count_sleep();
         match deadline {
             Some(deadline) => {
                 let left = deadline.saturating_duration_since(Instant::now());
