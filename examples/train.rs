@@ -44,8 +44,8 @@ struct Args {
     /// rank per GPU (threads, or processes under scripts/launch.sh)
     #[arg(long, value_enum, default_value_t = Backend::InProcess)]
     backend: Backend,
-    /// Where the model trains; cuda needs --backend nccl [default: cuda with
-    /// nccl, else cpu]
+    /// Where the model trains; cuda: with nccl one GPU per rank, with
+    /// in-process every rank thread on cuda:0 [default: cuda with nccl, else cpu]
     #[arg(long, value_enum)]
     device: Option<DeviceArg>,
     /// Number of ranks (in-process backend; nccl: at most one per GPU; under
@@ -188,6 +188,13 @@ impl Args {
             stop_after: self.stop_after,
             bf16_gradients: self.grad_dtype == GradDtype::Bf16,
             zero_stage: self.zero,
+            // The rank threads of the in-process backend share one GPU: on
+            // its one default stream, each collective's kernels queue after
+            // the backward kernels that wrote its gradients.
+            device: match (self.backend, self.device) {
+                (Backend::InProcess, Some(DeviceArg::Cuda)) => ddp_workbook::tch::Device::Cuda(0),
+                _ => ddp_workbook::tch::Device::Cpu,
+            },
             threads_per_rank: Some(
                 self.threads.unwrap_or_else(|| default_threads_per_rank(self.ranks_here())),
             ),
@@ -272,8 +279,12 @@ fn main() -> ExitCode {
             );
             return ExitCode::from(2);
         }
-        (Backend::InProcess | Backend::Mpi, Some(DeviceArg::Cuda)) => {
-            eprintln!("error: training on GPUs goes through NCCL: pass --backend nccl (under scripts/launch.sh too)");
+        (Backend::Mpi, Some(DeviceArg::Cuda)) => {
+            eprintln!("error: MPI processes train on the CPU: for GPUs pass --backend nccl (under scripts/launch.sh too), or --backend in-process to share one GPU between rank threads");
+            return ExitCode::from(2);
+        }
+        (Backend::InProcess, Some(DeviceArg::Cuda)) if !ddp_workbook::tch::Cuda::is_available() => {
+            eprintln!("error: --device cuda: libtorch sees no GPU here (check nvidia-smi and CUDA_VISIBLE_DEVICES), or drop --device cuda to train on the CPU");
             return ExitCode::from(2);
         }
         _ => {}

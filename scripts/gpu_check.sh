@@ -150,6 +150,7 @@ run_step "training run, NCCL, 1 GPU" "$dir/train" --backend nccl --world-size 1 
 if ((gpu_count > 1)); then
     run_step "training run, NCCL, $gpu_count GPUs" "$dir/train" --backend nccl "${train_steps[@]}"
 fi
+run_step "training run, 2 in-process rank threads sharing cuda:0" "$dir/train" --backend in-process --device cuda "${train_steps[@]}"
 run_step "training run, CPU, 2 in-process ranks" "$dir/train" --backend in-process "${train_steps[@]}"
 # PyTorch at its defaults, and at its best settings where the script has them.
 torch_settings=("")
