@@ -7,7 +7,9 @@
 //! Besides the time, each measurement says what the ranks' waiting cost:
 //! the spread of the ranks' times in a round (a rank that was woken late)
 //! and, per round, how often a rank watched successfully, watched in vain,
-//! slept, and how many wake-ups were sent (`dist::local::WaitCounts`).
+//! slept, and how many wake-ups were sent (`dist::local::WaitCounts`); for
+//! the split, which share of the blocks the busiest rank did: near 1/N when
+//! the ranks worked at once, 100% when the others never got a core.
 
 use std::time::{Duration, Instant};
 
@@ -27,17 +29,25 @@ pub struct Measured {
 }
 
 impl Measured {
-    /// The wait counts per round, as "won/lost/slept/woke".
+    /// The wait counts per round, as "won/lost/slept/woke", and for a
+    /// split the busiest rank's share of the blocks (1/N: all ranks worked).
     pub fn waits_per_round(&self) -> String {
         let per = |n: u64| n as f64 / self.rounds as f64;
         let w = &self.waits;
-        format!(
+        let waits = format!(
             "{:.1}/{:.1}/{:.1}/{:.1}",
             per(w.spins_won),
             per(w.spins_lost),
             per(w.sleeps),
             per(w.wake_ups)
-        )
+        );
+        match w.blocks {
+            0 => waits,
+            blocks => {
+                let share = 100.0 * w.blocks_by_busiest_rank as f64 / blocks as f64;
+                format!("{waits}; busiest rank {share:.0}% of {blocks} blocks")
+            }
+        }
     }
 }
 

@@ -63,6 +63,11 @@ pub struct WaitCounts {
     pub sleeps: u64,
     /// Wake-ups sent: every change that sleepers may be waiting for.
     pub wake_ups: u64,
+    /// Blocks of split all_reduces (`split_reduce.rs`), and of those the
+    /// ones done by the rank that did the most in its call: on N ranks
+    /// with a core each, about 1/N of them when the ranks worked at once.
+    pub blocks: u64,
+    pub blocks_by_busiest_rank: u64,
 }
 
 impl std::ops::Sub for WaitCounts {
@@ -73,6 +78,8 @@ impl std::ops::Sub for WaitCounts {
             spins_lost: self.spins_lost - before.spins_lost,
             sleeps: self.sleeps - before.sleeps,
             wake_ups: self.wake_ups - before.wake_ups,
+            blocks: self.blocks - before.blocks,
+            blocks_by_busiest_rank: self.blocks_by_busiest_rank - before.blocks_by_busiest_rank,
         }
     }
 }
@@ -82,6 +89,8 @@ struct Counts {
     spins_lost: AtomicU64,
     sleeps: AtomicU64,
     wake_ups: AtomicU64,
+    blocks: AtomicU64,
+    blocks_by_busiest_rank: AtomicU64,
 }
 
 static COUNTS: Counts = Counts {
@@ -89,6 +98,8 @@ static COUNTS: Counts = Counts {
     spins_lost: AtomicU64::new(0),
     sleeps: AtomicU64::new(0),
     wake_ups: AtomicU64::new(0),
+    blocks: AtomicU64::new(0),
+    blocks_by_busiest_rank: AtomicU64::new(0),
 };
 
 pub(super) fn count_sleep() {
@@ -99,6 +110,11 @@ pub(super) fn count_wake_up() {
     COUNTS.wake_ups.fetch_add(1, Ordering::Relaxed);
 }
 
+pub(super) fn count_blocks(blocks: usize, by_busiest_rank: usize) {
+    COUNTS.blocks.fetch_add(blocks as u64, Ordering::Relaxed);
+    COUNTS.blocks_by_busiest_rank.fetch_add(by_busiest_rank as u64, Ordering::Relaxed);
+}
+
 /// The counts so far (see [`WaitCounts`]).
 pub fn wait_counts() -> WaitCounts {
     let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -107,5 +123,7 @@ pub fn wait_counts() -> WaitCounts {
         spins_lost: read(&COUNTS.spins_lost),
         sleeps: read(&COUNTS.sleeps),
         wake_ups: read(&COUNTS.wake_ups),
+        blocks: read(&COUNTS.blocks),
+        blocks_by_busiest_rank: read(&COUNTS.blocks_by_busiest_rank),
     }
 }

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::Tensor;
 
-use super::spin::{cores, spin_until};
+use super::spin::{cores, count_blocks, spin_until};
 use crate::dist::ReduceOp;
 use crate::error_text::panic_message;
 
@@ -65,6 +65,9 @@ pub(super) struct SplitReduce {
     next: AtomicUsize,
     /// How many blocks are reduced and copied back.
     done: AtomicUsize,
+    /// The most blocks one rank did: all of them when the other ranks'
+    /// threads did not get a core in time (counted in `spin.rs`).
+    most_by_one_rank: AtomicUsize,
     /// libtorch's message if a task failed: every rank reports it.
     failure: Mutex<Option<String>>,
 }
@@ -88,6 +91,7 @@ impl SplitReduce {
             blocks,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
+            most_by_one_rank: AtomicUsize::new(0),
             failure: Mutex::new(None),
         }))
     }
@@ -140,9 +144,10 @@ impl SplitReduce {
         sleep_until: &dyn Fn(&dyn Fn() -> bool),
     ) -> Result<(), String> {
         let mut flat: Option<Vec<Tensor>> = None; // taken at the first block claimed
-        loop {
+        for by_this_rank in 0.. {
             let b = self.next.fetch_add(1, Ordering::AcqRel);
             if b >= self.blocks.len() {
+                self.most_by_one_rank.fetch_max(by_this_rank, Ordering::Relaxed);
                 break;
             }
             let flat = flat.get_or_insert_with(|| self.handles());
@@ -166,6 +171,13 @@ impl SplitReduce {
             None => Ok(()),
             Some(message) => Err(message),
         }
+    }
+}
+
+impl Drop for SplitReduce {
+    /// The last rank is done with the call: count how its blocks were shared.
+    fn drop(&mut self) {
+        count_blocks(self.blocks.len(), *self.most_by_one_rank.get_mut());
     }
 }
 
