@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """scripts/run_notebooks.py: runs the notebooks in notebooks/ as CI does.
 
-    .venv/bin/python scripts/run_notebooks.py                 # run every notebook
+    .venv/bin/python scripts/run_notebooks.py                 # run every notebook, 2 at a time
+    .venv/bin/python scripts/run_notebooks.py --jobs 1        # one at a time
     .venv/bin/python scripts/run_notebooks.py notebooks/02-replicas.ipynb
     .venv/bin/python scripts/run_notebooks.py --check-clean   # committed form only
     .venv/bin/python scripts/run_notebooks.py --strip NOTEBOOK...  # drop outputs
 
-Running: each notebook is executed top to bottom, one at a time, in a fresh
+Running: each notebook is executed top to bottom in a fresh
 "Rust (ddp-workbook)" kernel (scripts/setup_notebooks.sh registers it) whose
 working folder is the notebook's folder, so that evcxr reads that folder's
 evcxr.toml. A notebook fails when a cell reports an error (evcxr fails a cell
 on a compile error, a `?` error, or, with notebooks/evcxr.toml's
 `preserve_vars_on_panic = false`, a panic), and also when `panicked at`
 appears on a cell's stderr: a panic that something caught (a thread's join)
-leaves the cell green, and must not leave the notebook green.
+leaves the cell green, and must not leave the notebook green. --jobs N
+(default 2) runs N notebooks at once, each in its own kernel and build
+folder: a kernel spends most of its time in one thread (evcxr's type
+inference, rustc on a small cell), so two share 2 cores well.
 
 --check-clean: committed notebooks carry no outputs and no execution counts
 (clean diffs: the runner makes the outputs), use the ddp-workbook kernel,
@@ -30,7 +34,9 @@ import argparse
 import json
 import re
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +47,7 @@ DEP_LINE = ':dep ddp-workbook = { path = ".." }'
 # Seconds one cell may take. The first cell of a notebook builds the crate
 # (and, the first time ever, tch and libtorch's bindings: several minutes).
 DEFAULT_CELL_TIMEOUT = 1800
+DEFAULT_JOBS = 2
 PANIC_MARK = "panicked at"
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -210,19 +217,21 @@ def run_notebook(path: Path, kernel: str, timeout: int, save_dir: Path | None) -
     return outcome
 
 
+REPORT_LOCK = threading.Lock()  # one notebook's lines together, when several run at once
+
+
 def report_run(outcome: Outcome) -> None:
     status = "FAIL" if outcome.problems else "ok  "
     code_cells = len(outcome.cell_seconds)
     first = f"{outcome.cell_seconds[0][1]:.1f} s" if outcome.cell_seconds else "-"
     slowest = sorted(outcome.cell_seconds[1:], key=lambda c: -c[1])[:3]
     slow = ", ".join(f"cell {n} {s:.1f} s" for n, s in slowest)
-    print(
+    lines = [
         f"{status}  {outcome.path.name:<28} {outcome.seconds:7.1f} s  "
-        f"({code_cells} code cells run; first (build) {first}; slowest after it: {slow or '-'})",
-        flush=True,
-    )
-    for problem in outcome.problems:
-        print(f"    {problem}", flush=True)
+        f"({code_cells} code cells run; first (build) {first}; slowest after it: {slow or '-'})"
+    ] + [f"    {problem}" for problem in outcome.problems]
+    with REPORT_LOCK:
+        print("\n".join(lines), flush=True)
 
 
 # ------------------------------------------------------------------- main
@@ -237,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", default=KERNEL_NAME, help=f"kernel to run them in (default {KERNEL_NAME})")
     parser.add_argument(
         "--timeout", type=int, default=DEFAULT_CELL_TIMEOUT, help=f"seconds per cell (default {DEFAULT_CELL_TIMEOUT})"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=DEFAULT_JOBS, help=f"notebooks run at once, each in its own kernel (default {DEFAULT_JOBS})"
     )
     parser.add_argument("--save-executed", type=Path, metavar="DIR", help="write the executed notebooks there")
     args = parser.parse_args(argv)
@@ -269,12 +281,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run_notebooks: {problem}")
             print(f"0 passed, {len(notebooks)} failed")
             return 1
-        print(f"running {len(notebooks)} notebook(s) in kernel {args.kernel!r}, one at a time", flush=True)
+        jobs = max(1, min(args.jobs, len(notebooks)))
+        print(f"running {len(notebooks)} notebook(s) in kernel {args.kernel!r}, {jobs} at a time", flush=True)
         total_start = time.monotonic()
-        for path in notebooks:
+
+        def run_and_report(path: Path) -> Outcome:
             outcome = run_notebook(path, args.kernel, args.timeout, args.save_executed)
             report_run(outcome)
-            passed, failed = passed + (not outcome.problems), failed + bool(outcome.problems)
+            return outcome
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for outcome in pool.map(run_and_report, notebooks):
+                passed, failed = passed + (not outcome.problems), failed + bool(outcome.problems)
         print(f"all notebooks: {time.monotonic() - total_start:.1f} s")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

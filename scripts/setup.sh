@@ -21,7 +21,10 @@
 #   8. installs mdBook, the tool that builds the book in chapters/;
 #   9. renders the book to book/ (open book/index.html);
 #  10. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
-#      compiled once: 7-20 minutes on 2 cores) and Jupyter in .venv.
+#      compiled once: 7-20 minutes on 2 cores), Jupyter in .venv, and the
+#      kernel's crate, prebuilt once so that a notebook's first cell does
+#      not compile tch and libtorch's bindings (about 1.5 minutes).
+# It prints each step's time ("[3/10] took 12s") and the total.
 # To add a step: write a `step_...` function and add its
 # name to STEPS and a title to TITLES at the bottom.
 #
@@ -317,7 +320,11 @@ echo "ddp-workbook set-up in $REPO_ROOT"
 for i in "${!STEPS[@]}"; do
     step_number=$((i + 1))
     printf '\n==> [%d/%d] %s\n' "$step_number" "$step_total" "${TITLES[$i]}"
+    step_started=$SECONDS
     "step_${STEPS[$i]}"
+    # Each step's time, so that a set-up's log says what it was made of
+    # (cargo xtask waits --ci-log reads these lines).
+    printf '    [%d/%d] took %ds\n' "$step_number" "$step_total" $((SECONDS - step_started))
 done
-printf '\nSet-up complete in %ds. Next: scripts/test.sh (or cargo test --test chapter_01).\n' \
-    $((SECONDS - start_seconds))
+printf '\nSet-up complete in %ds (load average %s). Next: scripts/test.sh (or cargo test --test chapter_01).\n' \
+    $((SECONDS - start_seconds)) "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"

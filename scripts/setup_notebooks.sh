@@ -15,6 +15,12 @@
 #      libtorch's path in its environment: a notebook compiles the crate with
 #      its own cargo, which never sees our .cargo/config.toml or build.rs's
 #      rpath, so the kernel itself must tell it where libtorch is.
+#   5. prebuilds the crate the notebooks' first cell compiles (tch and
+#      libtorch's bindings: about 1.5 minutes on 2 cores, once) into the
+#      kernel's seed folder, ~/.cache/ddp-workbook/evcxr/seed, with
+#      scripts/notebook_kernel.py prebuild: the launcher starts each new
+#      build folder as a copy of it, so a learner's first notebook shows its
+#      first output in seconds (skipped while the seed is up to date).
 # Then scripts/jupyter.sh opens Jupyter, and scripts/run_notebooks.py runs
 # every notebook as CI does. notebooks/README.md explains the whole set-up.
 
@@ -168,10 +174,49 @@ export LD_LIBRARY_PATH="\$LIBTORCH/lib:\$rust_std_lib\${LD_LIBRARY_PATH:+:\$LD_L
 # folder as taken; the lock is held as long as the kernel runs.
 cache="\${DDP_WORKBOOK_EVCXR_CACHE:-\${XDG_CACHE_HOME:-\$HOME/.cache}/ddp-workbook/evcxr}"
 mkdir -p "\$cache"
+# What a build made here depends on: a folder built with another libtorch,
+# compiler or evcxr rebuilds everything.
+stamp="libtorch=\$LIBTORCH \$(rustc -V) evcxr_jupyter=$EVCXR_VERSION"
+if [[ "\${1:-}" == --print-seed ]]; then
+    # For scripts/notebook_kernel.py prebuild: where the prebuilt folder is, and its stamp.
+    printf '%s\n%s\n' "\$cache/seed" "\$stamp"
+    exit 0
+fi
+if [[ -n "\${DDP_WORKBOOK_EVCXR_PREBUILD:-}" ]]; then
+    # scripts/notebook_kernel.py prebuild (setup's last step): this kernel
+    # builds the crate into the seed folder, which every new build folder
+    # starts as a copy of, so that a learner's first kernel compiles nothing.
+    exec 9>"\$cache/seed.lock"
+    # Waits for kernels copying the seed (seconds) or another prebuild (minutes).
+    flock --timeout 900 9 || { echo "ddp-workbook kernel: \$cache/seed.lock was held for 15 minutes: is another prebuild stuck?" >&2; exit 1; }
+    mkdir -p "\$cache/seed"
+    cp $(printf '%q' "$REPO_ROOT/Cargo.lock") "\$cache/seed/Cargo.lock"
+    export EVCXR_TMPDIR="\$cache/seed"
+    exec $(printf '%q' "$CARGO_BIN/evcxr_jupyter") --control_file "\$1"
+fi
+# A build folder not yet made with this stamp starts as a copy of the seed
+# (about 400 MB, a second or two) when the seed carries the stamp; the
+# shared lock keeps a prebuild from rewriting the seed while it is copied.
+seed_into() {
+    local dir="\$1"
+    [[ -f "\$cache/seed/ready" && "\$(cat "\$cache/seed/ready")" == "\$stamp" ]] || return 0
+    [[ -f "\$dir/seed-stamp" && "\$(cat "\$dir/seed-stamp")" == "\$stamp" ]] && return 0
+    exec 8>>"\$cache/seed.lock"
+    if flock --shared --nonblock 8 && [[ "\$(cat "\$cache/seed/ready" 2>/dev/null)" == "\$stamp" ]]; then
+        rm -rf "\$dir/target" "\$dir/target.copying"
+        if cp -a "\$cache/seed/target" "\$dir/target.copying" && mv "\$dir/target.copying" "\$dir/target"; then
+            printf '%s\n' "\$stamp" >"\$dir/seed-stamp"
+        else
+            rm -rf "\$dir/target.copying"   # a full disk, say: this kernel builds from nothing
+        fi
+    fi
+    exec 8>&-
+}
 for slot in 0 1 2 3 4 5 6 7; do
     exec 9>"\$cache/build-\$slot.lock"
     if flock --nonblock 9; then
         mkdir -p "\$cache/build-\$slot"
+        seed_into "\$cache/build-\$slot"
         # Build with the versions this repository was tested with.
         cp $(printf '%q' "$REPO_ROOT/Cargo.lock") "\$cache/build-\$slot/Cargo.lock"
         export EVCXR_TMPDIR="\$cache/build-\$slot"
@@ -206,11 +251,21 @@ EOF
     done_already "kernel \"Rust (ddp-workbook)\" in ${KERNEL_DIR#"$REPO_ROOT"/} (LIBTORCH=$libtorch)"
 }
 
-section "evcxr_jupyter $EVCXR_VERSION (the Rust kernel)"
-step_evcxr
-section "rust-src (type inference between cells)"
-step_rust_src
-section "Jupyter in .venv"
-step_jupyter
-section "the kernel \"Rust (ddp-workbook)\""
-step_kernel
+step_prebuild() {
+    "$VENV_PYTHON" "$REPO_ROOT/scripts/notebook_kernel.py" prebuild ||
+        fail "the notebook kernel could not build the crate (see above)." \
+             "Run it again to see the error: .venv/bin/python scripts/notebook_kernel.py prebuild --force"
+}
+
+# Each section prints its time, as scripts/setup.sh's steps do.
+timed() {
+    local started=$SECONDS
+    section "$1"
+    "$2"
+    printf '    notebooks: took %ds\n' $((SECONDS - started))
+}
+timed "evcxr_jupyter $EVCXR_VERSION (the Rust kernel)" step_evcxr
+timed "rust-src (type inference between cells)" step_rust_src
+timed "Jupyter in .venv" step_jupyter
+timed "the kernel \"Rust (ddp-workbook)\"" step_kernel
+timed "the kernel's crate, prebuilt (a notebook's first cell then compiles none of it)" step_prebuild

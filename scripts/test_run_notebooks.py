@@ -181,6 +181,8 @@ class RunTest(unittest.TestCase):
 
     def test_the_summary_counts_one_pass_and_two_failures_and_the_exit_status_says_so(self):
         self.assertEqual(last_line(self.output), "1 passed, 2 failed", self.output)
+        # Two at a time by default (--jobs), each notebook's report whole: the other tests read them.
+        self.assertIn("3 notebook(s) in kernel 'ddp-workbook', 2 at a time", self.output)
         self.assertEqual(self.status, 1, self.output)
 
     def test_a_panicking_cell_fails_the_notebook_as_a_cell_error_and_stops_it(self):
