@@ -104,8 +104,8 @@ pub fn sweep(world_sizes: &[usize], max_rounds: usize) -> anyhow::Result<()> {
         "sweep: ms per all_reduce (median of the slowest rank); waits per round (barrier included): \
          watches won/lost/sleeps/wake-ups\n"
     );
-    println!("| ranks | size | rounds | rank order ms | split ms | auto ms | auto picks | auto / best | waits (rank order) | waits (split) |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | :--- | ---: | :--- | :--- |");
+    println!("| ranks | size | rounds | rank order ms | split ms | auto ms | faster forced | auto picks | auto / best | waits (rank order) | waits (split) |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | :--- | :--- | ---: | :--- | :--- |");
     for &world_size in world_sizes {
         for &bytes in &SIZES {
             // A guess at one call: every rank's tensor read once at ~5 GB/s,
@@ -121,10 +121,12 @@ pub fn sweep(world_sizes: &[usize], max_rounds: usize) -> anyhow::Result<()> {
                 time(AllReduceScheme::Auto)?,
             );
             let best = by_rank_order.time.min(split.time);
-            let picks = if split_wins(bytes as usize, world_size) { "split" } else { "rank order" };
+            let name = |split: bool| if split { "split" } else { "rank order" };
+            let (faster, picks) =
+                (name(split.time < by_rank_order.time), name(split_wins(bytes as usize, world_size)));
             let ms = |m: &Measured| format!("{:.3}", m.time.as_secs_f64() * 1e3);
             println!(
-                "| {world_size} | {} | {rounds} | {} | {} | {} | {picks} | {:.2} | {} | {} |",
+                "| {world_size} | {} | {rounds} | {} | {} | {} | {faster} | {picks} | {:.2} | {} | {} |",
                 human(bytes),
                 ms(&by_rank_order),
                 ms(&split),

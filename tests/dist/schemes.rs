@@ -45,7 +45,7 @@ fn check(scheme: AllReduceScheme, world_size: usize, kind: Kind, numel: i64) {
 
 #[test]
 fn both_schemes_and_the_choice_give_the_rank_order_sum_around_the_threshold() {
-    let at = (SPLIT_FROM_BYTES / 4) as i64; // f32 elements where 2 ranks start to split
+    let at = (SPLIT_FROM_BYTES / 4) as i64; // f32 elements where 2 ranks on 2 cores start to split
     for numel in [at - 1, at, at + 1, 4 * at + 3] {
         for world_size in [2, 3, 5] {
             for scheme in SCHEMES {

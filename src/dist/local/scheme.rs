@@ -26,10 +26,10 @@ pub enum AllReduceScheme {
     Split,
 }
 
-/// Below this many bytes per tensor the rank-order sum is faster, with a
-/// core per rank: its one thread is done before a second wait-and-wake
-/// would be. Measured by the sweep above (docs/decisions.md).
-pub const SPLIT_FROM_BYTES: usize = 64 * 1024;
+/// Below this many bytes per tensor the rank-order sum is faster when
+/// every rank has a core: its one thread is done before a second
+/// wait-and-wake would be. Measured by the sweep above (docs/decisions.md).
+pub const SPLIT_FROM_BYTES: usize = 128 * 1024;
 
 impl AllReduceScheme {
     /// Whether a call on `bytes` per rank and `size` ranks is split.
@@ -42,18 +42,14 @@ impl AllReduceScheme {
     }
 }
 
-/// How many times [`SPLIT_FROM_BYTES`] the threshold grows to with many
-/// ranks per core.
-const MOST_RANKS_PER_CORE_COUNTED: usize = 4;
-
-/// The automatic choice: split from [`SPLIT_FROM_BYTES`] on, times the
-/// number of ranks per core (at most [`MOST_RANKS_PER_CORE_COUNTED`]) when
-/// there are more ranks than cores. There, the split costs most ranks a
+/// The automatic choice: split from [`SPLIT_FROM_BYTES`] on, from twice
+/// that with more ranks than cores. There the split costs most ranks a
 /// second sleep and wake-up (they find no block left to claim and wait for
-/// the last one), while the rank-order sum wakes each rank once; the
-/// sweep on 2 cores found the split ahead from 64 KiB on 2 ranks, 256 KiB
-/// on 4 and 8, and 256 KiB to 1 MiB on 16 to 256 ranks.
+/// the last one), while the rank-order sum wakes each rank once. The sweep
+/// on 2 cores found the two even at 64 KiB on 2 ranks and the split ahead
+/// from 256 KiB on every world size up to 256 (1.7x on 16 ranks); below 64
+/// KiB the rank-order sum, up to 4x on 2 ranks.
 pub fn split_wins(bytes: usize, size: usize) -> bool {
-    let ranks_per_core = size.div_ceil(super::spin::cores()).min(MOST_RANKS_PER_CORE_COUNTED);
-    size > 1 && bytes >= SPLIT_FROM_BYTES * ranks_per_core
+    let oversubscribed = size > super::spin::cores();
+    size > 1 && bytes >= SPLIT_FROM_BYTES * if oversubscribed { 2 } else { 1 }
 }

@@ -1,6 +1,6 @@
 //! The in-process all_reduce at memory speed: in place, in the callers' own
 //! tensors, with the work shared by the ranks that wait for it. Used from
-//! 64 KiB on (`scheme.rs` says when). Try it: `cargo test --test dist`;
+//! 128 KiB on (`scheme.rs` says when). Try it: `cargo test --test dist`;
 //! measure it: `cargo run --release --example bench_collectives`.
 //!
 //! Once every rank has arrived, the flat tensors x_0 .. x_{N-1} are cut into
