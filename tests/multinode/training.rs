@@ -1,9 +1,10 @@
 //! tests/multinode/training.rs: the training run on 2 nodes of 2 ranks
 //! reaches its target, its replicas end bitwise equal, and it ends in the
-//! same state, to the bit, as the same 4 ranks on one node: MPI sums the
-//! gradients in the same order on both (its algorithm depends on the number
-//! of ranks and the message size, not on the transport), so only the
-//! transport differs. And its gradients really crossed the link.
+//! same state, to the bit, as the same 4 ranks on one node: the MPI backend
+//! sums the gradients in rank order on both (through shared memory on a
+//! node, passing partial sums from node to node across them:
+//! src/dist/mpi/shm.rs), so only the transport differs. And its gradients
+//! really crossed the link.
 
 use std::time::Duration;
 
