@@ -131,7 +131,9 @@ mod controls {
         for (name, hook) in wrong {
             let results = hooked_with(hook, false);
             let contributions: Vec<Tensor> = (0..3).map(|r| rank_buffer(r, 1000, Kind::Float)).collect();
-            assert!(within_bound(&results[0], &contributions).is_err(), "{name} passed the bound");
+            let error = within_bound(&results[0], &contributions).expect_err(name);
+            let names_division = error.contains("did your hook divide by the world size?");
+            assert_eq!(names_division, name == "no division", "{name}: {error}");
         }
     }
 
@@ -139,7 +141,7 @@ mod controls {
     fn the_timing_check_names_the_rule_each_wrong_hook_breaks() {
         let read_early = "read the all-reduce's tensor before waiting on its Work";
         let changed_early = "changed the bucket before its Work was waited on";
-        let wrong: [(&str, CommHook, &str); 9] = [
+        let wrong: [(&str, CommHook, &str); 10] = [
             ("copies before the sum starts", copies_before_the_sum_starts, changed_early),
             ("copies before waiting", copies_before_waiting, read_early),
             ("copies in the closure before waiting", copies_in_the_closure_before_waiting, read_early),
@@ -149,6 +151,11 @@ mod controls {
             ("divides in flight", divides_in_flight, "wrote into the tensor of an all-reduce it had started"),
             ("sends f32", sends_f32, "the bucket must travel whole, as bf16"),
             ("writes a copy", writes_a_copy, "the mean never reached it"),
+            (
+                "waits before returning",
+                waits_before_returning,
+                "waited on the all-reduce's Work before returning",
+            ),
         ];
         for (name, hook, says) in wrong {
             let outcome = spawn_with(common::spawn_options(3), |pg| {

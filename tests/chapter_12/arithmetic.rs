@@ -47,9 +47,17 @@ pub fn within_bound(result: &Tensor, contributions: &[Tensor]) -> Result<f64, St
     let worst = ratio.argmax(None, false).int64_value(&[]);
     let worst_ratio = ratio.double_value(&[worst]);
     if worst_ratio.is_nan() || worst_ratio > 1.0 {
+        // A result N times the mean is the sum: name the missing division.
+        let sum_error = (result.to_kind(Kind::Double) - &mean * world as f64).abs();
+        let sum_ratio = sum_error / (scale.clamp_min(f64::MIN_POSITIVE) * world as f64 * bf16_bound(world));
+        let likely = if sum_ratio.max().double_value(&[]) <= 1.0 {
+            format!(". It is the SUM of the {world} ranks' values: did your hook divide by the world size?")
+        } else {
+            String::new()
+        };
         return Err(format!(
             "element {worst} is {:e} where the mean over {world} ranks is {:e}: an error of {:.3} times \
-             the bound, {:.2e} times the mean of the contributions' magnitudes ({world} roundings to bf16)",
+             the bound, {:.2e} times the mean of the contributions' magnitudes ({world} roundings to bf16){likely}",
             result.to_kind(Kind::Double).double_value(&[worst]),
             mean.double_value(&[worst]),
             worst_ratio,

@@ -113,7 +113,8 @@ pub fn no_read_before_wait(bucket: &Tensor) -> anyhow::Result<()> {
 /// Runs `hook` on this rank's `buffer` under [`undefined_until_wait`], waits
 /// on its `Work`, and checks the contract's timing on the way: one
 /// all-reduce, of a bf16 tensor of the bucket's length; the bucket
-/// unchanged until the wait; that all-reduce waited on; nothing read from
+/// unchanged until the wait; that all-reduce not waited on before the hook
+/// returns, and waited on inside its Work; nothing read from
 /// it before; the bucket written after. Leaves the hook's result in `buffer`.
 pub fn run_hook(pg: Group, hook: CommHook, buffer: &Tensor) -> anyhow::Result<()> {
     let (group, launches) = undefined_until_wait(pg);
@@ -148,6 +149,12 @@ pub fn run_hook(pg: Group, hook: CommHook, buffer: &Tensor) -> anyhow::Result<()
             buffer.double_value(&[changed])
         );
     }
+    anyhow::ensure!(
+        !started[0].waited,
+        "your hook waited on the all-reduce's Work before returning: backward stops there until the bucket \
+         has travelled, which is the overlap lost. Return a Work whose closure waits on it, so the wrapper \
+         waits only after backward has launched every bucket"
+    );
     work.wait()?;
     anyhow::ensure!(
         launches.lock().unwrap()[0].waited,
