@@ -1,3 +1,7 @@
+//! Spoiler: this file holds the library's answers to chapter 11's
+//! `shard_of` and `step_bucket` (`src/ch11_zero/exercise.rs`). Working
+//! through the book? Write yours first; the book shows them at the end of
+//! the chapter.
 //! ZeRO stage 1 in the finished library: [`ShardedAdamW`], AdamW sharded
 //! over the ranks. Plain DDP keeps the whole AdamW state on every rank, N
 //! identical copies; here each rank owns one shard of every bucket's flat
