@@ -64,6 +64,9 @@ pub(crate) struct Node {
     leaders: Option<(Comm, usize, usize)>,
     /// Several nodes take part.
     spread: bool,
+    /// Never freed when the job ends: `MPI_Finalize` releases it, and
+    /// `MPI_Win_free` is a blocking collective that would make a rank that
+    /// finishes early wait, without a deadline, for every other rank.
     window: Option<SharedWindow>,
     /// Bytes of each rank's segment (the result area is as large).
     capacity: usize,
