@@ -11,9 +11,61 @@ examples/bench_vs_pytorch.rs runs it in alternating rounds with ours:
     cargo run --release --features mpi --example bench_vs_pytorch
 
 Run alone: .venv/bin/python scripts/bench_torch_ddp.py --steps 200
+           .venv/bin/python scripts/bench_torch_ddp.py --setting best
+           .venv/bin/python scripts/bench_torch_ddp.py --world-size 1 --no-ddp
 On GPUs:   .venv/bin/python scripts/bench_torch_ddp.py --device cuda --world-size 1
            (NCCL, one process per GPU: the world size at most the GPU count)
-Prints `tokens_per_second N` (rank 0's, over the timed steps).
+Prints `tokens_per_second N` and `step_ms T` (rank 0's, over the timed
+steps after --warmup-steps untimed ones), `first_step_ms F` (the first
+untimed step) and `loss L` (rank 0's last step's).
+
+--setting defaults: DistributedDataParallel(model) and torch.optim.AdamW as
+they come. --setting best: PyTorch's fastest CPU settings for this run:
+AdamW(fused=True) (one step of the tiny GPT's 58 tensors on one thread:
+0.25 ms fused, 0.78 foreach, 1.02 the default per-tensor loop, load 10 to
+13, from scripts/bench_torch_adamw.py, which `cargo run --release --example
+bench_optimizer` runs), gradient_as_bucket_view=True (no copy of the
+gradients into the bucket and back), broadcast_buffers=False (the model's
+one buffer, the causal mask, never changes; by default DDP broadcasts it
+from rank 0 before every forward: a gloo call and a wait for rank 0 per
+micro-batch). Not static_graph=True, which would apply (the same parameters
+get gradients every step) but fails with no_sync in torch 2.11.
+--no-ddp: one process, no process group, no wrapper, the same per-rank
+work: the baseline for the cost of distribution.
+
+What this script did wrong before, and what it cost (issue 24). Found by
+counting c10d calls with torch.profiler and DDP's comm hook, then measured
+in alternating runs of 200 steps under `chrt -r 1` (real-time priority, so
+that the other work on the shared 2-core machine, load average 8 to 10,
+waited; 2026-11-24):
+
+    for i in 1 2; do for flag in "" --forward-outside-no-sync; do
+        chrt -r 1 .venv/bin/python scripts/bench_torch_ddp.py $flag | grep step_ms; done; done
+
+- `no_sync()` wrapped only the first micro-batch's backward. DDP decides in
+  forward whether the coming backward syncs (its _post_forward prepares the
+  reducer), so both micro-batches all-reduced the gradients: two gloo
+  all-reduces per step instead of one. The forward now runs inside no_sync
+  too. Cost: a step took 20.1 to 21.1 ms with the old loop
+  (--forward-outside-no-sync keeps it, to measure it), 18.5 to 20.1 without:
+  about 1.5 ms, 8%.
+- the rate counted the first steps, where DDP builds its buckets and AdamW
+  its state: now --warmup-steps (20) run untimed, on both sides of the
+  comparison. Cost: small; the first step took 28 to 37 ms where the
+  following ones take about 20, under 0.5% of 200 steps.
+- each micro-batch was picked with a Python list (`sequences[[...]]`, a new
+  index tensor every time); now with index_select on a slice of one index
+  tensor: 0.2 -> 0.14 ms per step (timed under load), within the noise.
+- torch.set_num_threads(1) ran after init_process_group; now first. No
+  difference measured (nothing ran on more threads before it).
+The old script (git history) under the same conditions made 99,100 and
+100,300 tokens/s, this one at its defaults 102,100 to 110,900: its mistakes
+cost about 5%, not the 18% issue 24 saw between it and an independent twin;
+under chrt neither side of that gap is left, so the rest was the load of
+the machine at the time, which a 2-process run on 2 cores feels at once.
+Unchanged, because the workbook does the same: each micro-batch's loss is
+read (`.item()`), the mask is built once, zero_grad sets the gradients to
+None (the default).
 """
 
 import argparse
@@ -21,6 +73,7 @@ import os
 import socket
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -48,51 +101,90 @@ def masked_cross_entropy(logits, targets, mask):
     return -(picked * mask).sum() / mask.sum()
 
 
+def wrap(model, args, device):
+    """The model as this run trains it: bare (--no-ddp) or in DDP, with the setting's options."""
+    if args.no_ddp:
+        return model
+    if args.setting == "defaults":
+        return DistributedDataParallel(model)
+    # Not static_graph=True: with no_sync it fails in torch 2.11 (reducer.cpp:1705,
+    # "expect_autograd_hooks_ INTERNAL ASSERT FAILED" in the first synced backward).
+    return DistributedDataParallel(model, gradient_as_bucket_view=True, broadcast_buffers=False)
+
+
+def optimizer_for(model, args):
+    fused = {"fused": True} if args.setting == "best" else {}
+    return torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, **fused)
+
+
 def run(rank, world_size, port, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # On GPUs: NCCL, rank r on cuda:r, as the workbook's --backend nccl.
     device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if args.device == "cuda" else None)
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # before any work: one thread per rank, as the workbook's ranks
+    if not args.no_ddp:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        backend = "nccl" if args.device == "cuda" else "gloo"
+        cuda = device if args.device == "cuda" else None
+        dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=cuda)
     torch.manual_seed(1337)
     sequences = sorting_task(1337, args.train_sequences).to(device)
-    model = DistributedDataParallel(Gpt().to(device))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    sampler = DistributedSampler(range(len(sequences)), world_size, rank, shuffle=True, seed=1337)
+    model = wrap(Gpt().to(device), args, device)
+    optimizer = optimizer_for(model, args)
+    # --no-ddp takes rank 0's shard of 2: the per-rank work of the 2-rank run.
+    shards = max(world_size, 2) if args.no_ddp else world_size
+    sampler = DistributedSampler(range(len(sequences)), shards, rank, shuffle=True, seed=1337)
     mask = (torch.arange(2 * HALF_LEN, device=device) >= HALF_LEN).float().expand(args.batch_size, -1)
-    epoch, shard, position = 0, list(sampler), 0
+    epoch, shard, position = 0, torch.tensor(list(sampler), device=device), 0
 
     def next_micro_batch():
         nonlocal epoch, shard, position
         if position + args.batch_size > len(shard):
             epoch += 1
             sampler.set_epoch(epoch)
-            shard, position = list(sampler), 0
-        rows = sequences[shard[position : position + args.batch_size]]
+            shard, position = torch.tensor(list(sampler), device=device), 0
+        rows = sequences.index_select(0, shard[position : position + args.batch_size])
         position += args.batch_size
         return rows[:, : 2 * HALF_LEN], rows[:, 1:]
 
+    def step():
+        optimizer.zero_grad()
+        loss_sum = 0.0
+        for i in range(args.accum_steps):
+            # Under no_sync for all but the last micro-batch: its forward too,
+            # since DDP decides in forward whether the backward syncs.
+            skip = i + 1 < args.accum_steps and not args.no_ddp
+            around_forward = model.no_sync() if skip and not args.forward_outside_no_sync else nullcontext()
+            with around_forward:
+                inputs, targets = next_micro_batch()
+                loss = masked_cross_entropy(model(inputs), targets, mask) / args.accum_steps
+                with model.no_sync() if skip else nullcontext():
+                    loss.backward()
+            loss_sum += loss.item()  # read each loss, as the workbook's loop does
+        optimizer.step()
+        return loss_sum
+
+    first_started = time.perf_counter()
+    for i in range(args.warmup_steps):
+        step()
+        if i == 0:
+            first_step = time.perf_counter() - first_started
+    if args.device == "cuda":
+        torch.cuda.synchronize(device)
     started = time.perf_counter()
     for _ in range(args.steps):
-        optimizer.zero_grad()
-        for i in range(args.accum_steps):
-            inputs, targets = next_micro_batch()
-            loss = masked_cross_entropy(model(inputs), targets, mask) / args.accum_steps
-            if i + 1 < args.accum_steps:
-                with model.no_sync():
-                    loss.backward()
-            else:
-                loss.backward()
-            loss.item()  # read each loss, as the workbook's loop does
-        optimizer.step()
+        loss = step()
     if args.device == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - started
     if rank == 0:
         tokens = args.steps * args.batch_size * args.accum_steps * world_size * 2 * HALF_LEN
         print(f"tokens_per_second {tokens / elapsed:.1f}", flush=True)
-    dist.destroy_process_group()
+        print(f"step_ms {elapsed / args.steps * 1e3:.4f}", flush=True)
+        if args.warmup_steps > 0:
+            print(f"first_step_ms {first_step * 1e3:.4f}", flush=True)
+        print(f"loss {loss:.6f}", flush=True)
+    if not args.no_ddp:
+        dist.destroy_process_group()
 
 
 def free_port():
@@ -103,14 +195,28 @@ def free_port():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=200, help="timed optimizer steps")
+    parser.add_argument("--warmup-steps", type=int, default=20, help="untimed steps before them")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--accum-steps", type=int, default=2)
     parser.add_argument("--train-sequences", type=int, default=20_000)
+    parser.add_argument("--setting", choices=["defaults", "best"], default="defaults",
+                        help="DDP and AdamW as they come, or at their fastest on a CPU")
+    parser.add_argument("--no-ddp", action="store_true",
+                        help="one process without DDP or a process group, rank 0's work of 2 ranks")
+    parser.add_argument("--forward-outside-no-sync", action="store_true",
+                        help="this script's old mistake: only the backward under no_sync (both micro-batches sync)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: NCCL, one process per GPU (--world-size at most the GPU count)")
     args = parser.parse_args()
+    if args.steps < 1 or args.warmup_steps < 0:
+        parser.error("--steps must be at least 1 and --warmup-steps at least 0")
+    if args.no_ddp:
+        if args.world_size != 1:
+            parser.error("--no-ddp runs one process: give --world-size 1")
+        run(0, 1, None, args)
+        return
     mp.spawn(run, args=(args.world_size, free_port(), args), nprocs=args.world_size)
 
 
