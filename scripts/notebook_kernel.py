@@ -31,10 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-KERNEL_NAME = "ddp-workbook"
-DEP_LINE = ':dep ddp-workbook = { path = ".." }'
+# The runner's names for the kernel, the crate's `:dep` line and the notebooks.
+from run_notebooks import DEP_LINE, KERNEL_NAME, NOTEBOOK_DIR, default_notebooks, text_of
+
 # A cell that needs the crate and prints: proves the prebuilt crate loads.
 CHECK_CELL = 'println!("prebuilt: {}", ddp_workbook::tch::Tensor::from(2.0f64).double_value(&[]));'
 CHECK_OUTPUT = "prebuilt: 2"
@@ -43,13 +42,13 @@ CELL_TIMEOUT = 1800  # a build of tch and libtorch's bindings from nothing takes
 
 def code_cells(notebook: Path) -> list[str]:
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells if c["cell_type"] == "code"]
+    return [text_of(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
 
 
 def dep_cells() -> list[str]:
     """Every distinct `:dep` cell of the notebooks, the crate's first."""
     found = [DEP_LINE]
-    for notebook in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]-*.ipynb")):
+    for notebook in default_notebooks():
         for source in code_cells(notebook):
             if source.strip().startswith(":dep") and source.strip() not in found:
                 found.append(source.strip())

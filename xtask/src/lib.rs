@@ -24,6 +24,9 @@ pub mod teeth_check; // `teeth`: on the stubs, each chapter test reaches the exe
 pub mod test_checks; // `solutions` and `runner`: test executables and their verdicts
 pub mod test_executables; // building test executables and running one with JSON output
 pub mod tool_checks; // fmt, book, notebooks, clippy, train: external tools
+pub mod waits; // `cargo xtask waits`: the learner's waits, measured
+pub mod waits_inner_loop; // `cargo xtask waits`: an exercise's scratch edit until its test reports
+pub mod waits_log; // what a log of `bash .ci/run` says each part took; the waits table
 pub mod workbook; // `cargo workbook`: the learner's command (chapters, tests, hints)
 
 use std::path::{Path, PathBuf};

@@ -21,6 +21,10 @@ use xtask::Context;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo xtask waits`: the learner's waits, measured (xtask/src/waits.rs).
+    if args.first().is_some_and(|command| command == "waits") {
+        return xtask::waits::main(&args[1..]);
+    }
     let selection = match parse_args(&args) {
         Ok(Request::Run(selection)) => selection,
         Ok(Request::Help) => {

@@ -202,7 +202,9 @@ pub fn help() -> String {
          left out with --only or --skip counts as skipped.\n\
          With CI set, hung steps are stopped (30 min for solutions and notebooks, 10 min\n\
          per chapter and for train); without it, a chapter whose exercise.rs you have\n\
-         edited is skipped by teeth. Full logs: target/test-logs/.\n",
+         edited is skipped by teeth. Full logs: target/test-logs/.\n\n\
+         cargo xtask waits [--cold] [--runs N] [--ci-log FILE]: the learner's waits (an\n\
+         exercise's inner loop, a notebook's first output), measured; written to docs/waits.md.\n",
     );
     text
 }
