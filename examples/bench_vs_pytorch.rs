@@ -1,28 +1,43 @@
 //! examples/bench_vs_pytorch.rs: the workbook's training run against PyTorch's
 //! own DistributedDataParallel on the same work, in alternating rounds: the
-//! tiny GPT on the sorting task, 2 ranks, 16 sequences per rank per
-//! micro-batch, 2 micro-batches per step (no_sync on the first), AdamW, one
-//! libtorch thread per rank. Ours runs as 2 MPI processes (started by
-//! scripts/launch.sh, with the signature check on and off) and as 2 rank
-//! threads of the in-process backend; PyTorch's as 2 processes on gloo
-//! (`scripts/bench_torch_ddp.py`, with the project's `.venv`). Prints tokens
-//! per second of each, median, min and max over the rounds, the ratios, and
-//! the time of one all_reduce of 4 KiB, 0.4, 4 and 25 MiB on each backend.
+//! tiny GPT on the sorting task, 16 sequences per rank per micro-batch, 2
+//! micro-batches per step (no_sync on the first), AdamW, one libtorch thread
+//! per rank. Each round runs, on 2 ranks: PyTorch DDP on gloo at its defaults
+//! and at its best CPU settings (`scripts/bench_torch_ddp.py --setting best`:
+//! fused AdamW, gradient_as_bucket_view, no buffer broadcast), ours as 2 MPI
+//! processes (started by scripts/launch.sh) and as 2 rank threads; on 1 rank,
+//! the same per-rank work: PyTorch in one process without DDP (default and
+//! fused AdamW) and ours on a 1-rank group. Every run times its steps after
+//! --warmup-steps untimed ones. Prints tokens per second (median, min, max
+//! over the rounds), the ratios per round, and the cost of distribution of
+//! each side: a 2-rank step's time minus a 1-rank step's time. Then one
+//! all_reduce of 4 KiB, 0.4, 4 and 25 MiB on each backend. Writes both tables
+//! to chapters/tables/vs-pytorch.md and vs-pytorch-all-reduce.md (the book
+//! and README include them), with the machine and its load.
 //!
 //! Run: cargo run --release --features mpi --example bench_vs_pytorch
 //!      cargo run --release --features mpi --example bench_vs_pytorch -- --rounds 7 --steps 300
+//! (5 rounds of 200 steps: about 5 minutes on a quiet 2-core machine.)
 
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ddp_workbook::data::TokenTask;
 use ddp_workbook::dist::{spawn, ProcessGroup, ReduceOp};
 use ddp_workbook::tch::{Device, Kind, Tensor};
-use ddp_workbook::train::{self, TrainConfig};
+use ddp_workbook::train::{self, Event, TrainConfig};
 
+#[path = "support/bench_commands.rs"]
+mod commands;
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/vs_pytorch_tables.rs"]
+mod tables;
+use commands::{lines_of, python, root, stdout_of};
 use machine::load_average;
+use tables::{Column, Rate};
 
 #[derive(Parser)]
 #[command(about = "The workbook's training run against PyTorch DDP (gloo), alternating rounds")]
@@ -30,9 +45,12 @@ struct Args {
     /// Rounds; each runs every contender once.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Optimizer steps per run.
+    /// Timed optimizer steps per run.
     #[arg(long, default_value_t = 200)]
     steps: usize,
+    /// Untimed steps before them (buckets, optimizer state, caches).
+    #[arg(long, default_value_t = 20)]
+    warmup_steps: usize,
     /// Set by this program when it starts itself under mpirun.
     #[arg(long, value_enum, hide = true)]
     worker: Option<Worker>,
@@ -48,21 +66,51 @@ enum Worker {
 /// exchange shows), a small bucket, a medium one, PyTorch's default cap.
 const SIZES_MIB: [f64; 4] = [0.004, 0.4, 4.0, 25.0];
 const ALL_REDUCE_ROUNDS: usize = 30;
+const COMMAND: &str = "cargo run --release --features mpi --example bench_vs_pytorch";
 
-fn summary(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    (sorted[sorted.len() / 2], sorted[0], sorted[sorted.len() - 1])
-}
-
-fn config(steps: usize) -> TrainConfig {
+/// The training run's settings, on `world_size` ranks; it logs every
+/// `--warmup-steps` steps, so that the first log closes the untimed window.
+fn config(world_size: usize, args: &Args) -> TrainConfig {
     TrainConfig {
-        steps,
-        log_every: steps,
-        warmup_steps: steps.min(50),
+        world_size,
+        steps: args.warmup_steps + args.steps,
+        log_every: args.warmup_steps,
         threads_per_rank: Some(1),
         ..TrainConfig::default()
     }
+}
+
+/// The rate over the steps after the warm-up, from rank 0's logs: each
+/// `(step, tokens/s)` covers the steps since the previous log.
+fn timed_rate(logs: &[(usize, f64)], config: &TrainConfig) -> anyhow::Result<Rate> {
+    let tokens_per_step = (config.global_batch() as i64 * TokenTask::standard(0, 1).seq_len()) as f64;
+    let (mut steps, mut seconds, mut previous) = (0, 0.0, 0);
+    for &(step, rate) in logs {
+        if previous >= config.log_every {
+            steps += step - previous;
+            seconds += (step - previous) as f64 * tokens_per_step / rate;
+        }
+        previous = step;
+    }
+    anyhow::ensure!(steps > 0, "no timed steps in the logs {logs:?}");
+    Ok(Rate {
+        tokens_per_second: steps as f64 * tokens_per_step / seconds,
+        step_ms: seconds / steps as f64 * 1e3,
+    })
+}
+
+/// Runs `run` with an event handler that keeps rank 0's logs, and returns
+/// them (none on the other ranks).
+fn logged(
+    run: impl FnOnce(&(dyn Fn(Event) + Sync)) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<(usize, f64)>> {
+    let logs = Mutex::new(vec![]);
+    run(&|event| {
+        if let Event::Logged { step, tokens_per_second, .. } = event {
+            logs.lock().unwrap().push((step, tokens_per_second));
+        }
+    })?;
+    Ok(logs.into_inner().unwrap())
 }
 
 /// Rank 0's median time of one all_reduce of `mib`, each after a barrier.
@@ -77,20 +125,23 @@ fn time_all_reduce(pg: &dyn ProcessGroup, mib: f64) -> anyhow::Result<f64> {
             times.push(started.elapsed().as_secs_f64());
         }
     }
-    Ok(summary(&times).0)
+    Ok(tables::summary(&times).0)
 }
 
 /// Inside mpirun: one rank of a training run or of the all_reduce timings;
 /// rank 0 prints the lines the coordinator reads.
 #[cfg(feature = "mpi")]
-fn worker(kind: Worker, steps: usize) {
+fn worker(kind: Worker, args: &Args) {
     ddp_workbook::tch::set_num_threads(1);
     ddp_workbook::dist::mpi::run(|pg| {
         match kind {
             Worker::Train => {
-                let outcome = train::train_as_process(pg.clone(), &config(steps), &|_| {})?;
+                let config = config(pg.world_size(), args);
+                let logs =
+                    logged(|on_event| train::train_as_process(pg.clone(), &config, on_event).map(|_| ()))?;
                 if pg.rank() == 0 {
-                    println!("tokens_per_second {}", outcome.tokens_per_second);
+                    let rate = timed_rate(&logs, &config)?;
+                    println!("tokens_per_second {}\nstep_ms {}", rate.tokens_per_second, rate.step_ms);
                 }
             }
             Worker::AllReduce => {
@@ -107,124 +158,148 @@ fn worker(kind: Worker, steps: usize) {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn worker(_: Worker, _: usize) {
+fn worker(_: Worker, _: &Args) {
     unreachable!("the coordinator refuses to start without the mpi feature")
 }
 
-/// Runs a command and returns the `prefix` lines of its stdout, split.
-fn lines_of(mut command: Command, prefix: &str) -> anyhow::Result<Vec<Vec<f64>>> {
-    let output = command.output()?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    anyhow::ensure!(
-        output.status.success(),
-        "{command:?} failed: {}{}",
-        stdout,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let values: Vec<Vec<f64>> = stdout
-        .lines()
-        .filter_map(|line| line.strip_prefix(prefix))
-        .map(|rest| rest.split_whitespace().filter_map(|v| v.parse().ok()).collect())
-        .collect();
-    anyhow::ensure!(!values.is_empty(), "no `{prefix}` line in {stdout:?}");
-    Ok(values)
-}
-
-fn root() -> &'static std::path::Path {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The rate a command printed (`tokens_per_second N` and `step_ms T`).
+fn rate_of(command: Command) -> anyhow::Result<Rate> {
+    let stdout = stdout_of(command)?;
+    let tokens_per_second = lines_of(&stdout, "tokens_per_second")?[0][0];
+    Ok(Rate { tokens_per_second, step_ms: lines_of(&stdout, "step_ms")?[0][0] })
 }
 
 /// This program as 2 MPI processes in `worker` mode.
-fn mpi_job(kind: &str, steps: usize, debug: &str) -> anyhow::Result<Command> {
+fn mpi_job(kind: &str, args: &Args, debug: &str) -> anyhow::Result<Command> {
     let mut command = Command::new("bash");
     command.arg(root().join("scripts/launch.sh")).args(["-np", "2"]).arg(std::env::current_exe()?);
-    command.args(["--worker", kind, "--steps", &steps.to_string()]).env("DDP_DEBUG", debug);
+    command.args(["--worker", kind, "--steps", &args.steps.to_string()]);
+    command.args(["--warmup-steps", &args.warmup_steps.to_string()]).env("DDP_DEBUG", debug);
     Ok(command)
 }
 
-fn python(script: &str, args: &[&str]) -> anyhow::Result<Command> {
-    let python = root().join(".venv/bin/python");
-    anyhow::ensure!(python.is_file(), "{} is missing: run scripts/setup.sh", python.display());
-    let mut command = Command::new(python);
-    command.arg(root().join(script)).args(args);
-    Ok(command)
+/// scripts/bench_torch_ddp.py with `extra` arguments, the same steps as ours.
+fn torch_run(args: &Args, extra: &[&str]) -> anyhow::Result<Rate> {
+    let (steps, warmup) = (args.steps.to_string(), args.warmup_steps.to_string());
+    let mut script_args = vec!["--steps", &steps, "--warmup-steps", &warmup];
+    script_args.extend(extra);
+    rate_of(python("scripts/bench_torch_ddp.py", &script_args)?)
 }
 
-fn ours_in_process(steps: usize) -> anyhow::Result<f64> {
-    Ok(train::train(&config(steps), &|_| {})?[0].tokens_per_second)
+/// The contenders, in the order each round runs them.
+const NAMES: [&str; 7] = [
+    "PyTorch DDP, defaults (2 processes, gloo)",
+    "PyTorch DDP, best settings (2 processes, gloo)",
+    "PyTorch, 1 process, no DDP, default AdamW",
+    "PyTorch, 1 process, no DDP, fused AdamW",
+    "ours, MPI (2 processes)",
+    "ours, in-process (2 threads)",
+    "ours, 1 rank",
+];
+/// Ratios of tokens/s (numerator, denominator), and the cost of
+/// distribution (2 ranks, 1 rank on the same per-rank work), by index in NAMES.
+const RATIOS: [(usize, usize); 4] = [(4, 1), (4, 0), (5, 1), (6, 3)];
+const COSTS: [(usize, usize); 4] = [(0, 2), (1, 3), (4, 6), (5, 6)];
+
+fn run_contender(index: usize, args: &Args) -> anyhow::Result<Rate> {
+    let one_process = ["--world-size", "1", "--no-ddp"];
+    match index {
+        0 => torch_run(args, &["--setting", "defaults"]),
+        1 => torch_run(args, &["--setting", "best"]),
+        2 => torch_run(args, &[&one_process[..], &["--setting", "defaults"]].concat()),
+        3 => torch_run(args, &[&one_process[..], &["--setting", "best"]].concat()),
+        4 => rate_of(mpi_job("train", args, "detail")?),
+        5 | 6 => {
+            let config = config(if index == 5 { 2 } else { 1 }, args);
+            timed_rate(&logged(|on_event| train::train(&config, on_event).map(|_| ()))?, &config)
+        }
+        _ => unreachable!("{} contenders", NAMES.len()),
+    }
+}
+
+/// One all_reduce per size on each backend: in-process, MPI (signature check
+/// on and off) and gloo; the table as markdown.
+fn all_reduce_rows() -> anyhow::Result<String> {
+    let in_process = spawn(2, |pg| {
+        SIZES_MIB.iter().map(|&mib| time_all_reduce(pg.as_ref(), mib)).collect::<Result<Vec<_>, _>>()
+    })?;
+    let on_mpi = |debug| -> anyhow::Result<Vec<f64>> {
+        let args = Args::parse_from(["bench_vs_pytorch", "--steps", "0"]);
+        Ok(lines_of(&stdout_of(mpi_job("all-reduce", &args, debug)?)?, "allreduce")?
+            .iter()
+            .map(|v| v[1])
+            .collect())
+    };
+    let sizes: Vec<String> = SIZES_MIB.iter().map(f64::to_string).collect();
+    let mut gloo_args = vec!["--sizes"];
+    gloo_args.extend(sizes.iter().map(String::as_str));
+    let gloo = stdout_of(python("scripts/bench_torch_allreduce.py", &gloo_args)?)?;
+    let gloo = lines_of(&gloo, "allreduce")?.iter().map(|v| v[1]).collect();
+    Ok(tables::all_reduce_table(
+        &SIZES_MIB,
+        &[
+            ("in-process", in_process[0].clone()),
+            ("MPI", on_mpi("detail")?),
+            ("MPI, DDP_DEBUG=off", on_mpi("off")?),
+            ("gloo", gloo),
+        ],
+    ))
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(kind) = args.worker {
-        worker(kind, args.steps);
+        worker(kind, &args);
         return Ok(());
     }
+    anyhow::ensure!(cfg!(feature = "mpi"), "build with the MPI backend: {COMMAND}");
     anyhow::ensure!(
-        cfg!(feature = "mpi"),
-        "build with the MPI backend: cargo run --release --features mpi --example bench_vs_pytorch"
+        args.rounds > 0 && args.steps > 0 && args.warmup_steps > 0,
+        "--rounds, --steps and --warmup-steps must be at least 1"
     );
-    anyhow::ensure!(args.rounds > 0 && args.steps > 0, "--rounds and --steps must be at least 1");
-    let load_before = load_average();
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let started = Instant::now();
-    let steps = args.steps.to_string();
-    let names = [
-        "ours, MPI (2 processes)",
-        "ours, MPI, DDP_DEBUG=off",
-        "ours, in-process (2 threads)",
-        "PyTorch DDP, gloo (2 processes)",
-    ];
-    let mut rates: [Vec<f64>; 4] = Default::default();
+    let mut rates: Vec<Vec<Rate>> = vec![vec![]; NAMES.len()];
     for round in 1..=args.rounds {
-        rates[0].push(lines_of(mpi_job("train", args.steps, "detail")?, "tokens_per_second")?[0][0]);
-        rates[1].push(lines_of(mpi_job("train", args.steps, "off")?, "tokens_per_second")?[0][0]);
-        rates[2].push(ours_in_process(args.steps)?);
-        rates[3].push(
-            lines_of(python("scripts/bench_torch_ddp.py", &["--steps", &steps])?, "tokens_per_second")?[0][0],
-        );
-        let line: Vec<String> =
-            names.iter().zip(&rates).map(|(n, r)| format!("{n} {:.0}", r[round - 1])).collect();
-        println!("round {round}: {} tokens/s", line.join(", "));
+        let mut line = vec![];
+        for (index, name) in NAMES.iter().enumerate() {
+            let rate = run_contender(index, &args)?;
+            line.push(format!("{name} {:.0}", rate.tokens_per_second));
+            rates[index].push(rate);
+        }
+        println!("round {round}: {} tokens/s (load {})", line.join(", "), load_average());
     }
-    println!(
-        "\n2 ranks x 16 sequences x 2 micro-batches, {} steps per run, {} alternating rounds\n",
-        args.steps, args.rounds
-    );
-    println!("| run | tokens/s median | min | max |\n| --- | ---: | ---: | ---: |");
-    for (name, rates) in names.iter().zip(&rates) {
-        let (median, min, max) = summary(rates);
-        println!("| {name} | {median:.0} | {min:.0} | {max:.0} |");
-    }
-    for (i, name) in [(0, "MPI"), (2, "in-process")] {
-        let ratios: Vec<f64> = rates[i].iter().zip(&rates[3]).map(|(a, b)| a / b).collect();
-        let (median, min, max) = summary(&ratios);
-        println!("| ratio, ours ({name}) / PyTorch, per round | {median:.2}x | {min:.2}x | {max:.2}x |");
-    }
-
-    let in_process = spawn(2, |pg| {
-        SIZES_MIB.iter().map(|&mib| time_all_reduce(pg.as_ref(), mib)).collect::<Result<Vec<_>, _>>()
-    })?;
-    let mpi_on = lines_of(mpi_job("all-reduce", 0, "detail")?, "allreduce")?;
-    let mpi_off = lines_of(mpi_job("all-reduce", 0, "off")?, "allreduce")?;
-    let sizes: Vec<String> = SIZES_MIB.iter().map(f64::to_string).collect();
-    let mut gloo_args = vec!["--sizes"];
-    gloo_args.extend(sizes.iter().map(String::as_str));
-    let gloo = lines_of(python("scripts/bench_torch_allreduce.py", &gloo_args)?, "allreduce")?;
-    println!(
-        "\nOne all_reduce (sum, f32, 2 ranks), median of {ALL_REDUCE_ROUNDS}, rank 0, after a barrier:\n"
-    );
-    println!("| MiB | in-process | MPI | MPI, DDP_DEBUG=off | gloo |\n| ---: | ---: | ---: | ---: | ---: |");
-    let ms = |s: f64| format!("{:.3} ms", s * 1e3);
-    for (i, mib) in SIZES_MIB.iter().enumerate() {
-        println!(
-            "| {mib} | {} | {} | {} | {} |",
-            ms(in_process[0][i]),
-            ms(mpi_on[i][1]),
-            ms(mpi_off[i][1]),
-            ms(gloo[i][1])
-        );
-    }
+    let columns: Vec<Column> = NAMES.iter().zip(&rates).map(|(name, rates)| Column { name, rates }).collect();
+    let training = tables::training_tables(&columns, &RATIOS, &COSTS);
+    let load_trained = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let all_reduce = all_reduce_rows()?;
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let took = Duration::from_secs(started.elapsed().as_secs());
-    println!("\ntook {took:?}; load average before: {load_before}, after: {}", load_average());
+    let setup = format!(
+        "16 sequences per rank per micro-batch, 2 micro-batches per step, {} timed steps after {} untimed \
+         ones per run, {} alternating rounds; one libtorch thread per rank",
+        args.steps, args.warmup_steps, args.rounds
+    );
+    let load = |s: &str| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+    let machine = format!(
+        "- machine: {}\n- load average (1, 5, 15 min) before: {}; after the training runs: {}; after: {}\n\
+         - the whole command took {took:?}\n",
+        tables::machine_line(),
+        load(&load_before),
+        load(&load_trained),
+        load(&load_after)
+    );
+    let training = format!("{training}\n- {setup}\n{machine}");
+    let all_reduce = format!(
+        "One all_reduce (sum, f32, 2 ranks), median of {ALL_REDUCE_ROUNDS} after 5 untimed, rank 0, after a \
+         barrier:\n\n{all_reduce}\n{machine}"
+    );
+    println!("\n{training}\n{all_reduce}");
+    for (path, body) in [
+        ("chapters/tables/vs-pytorch.md", &training),
+        ("chapters/tables/vs-pytorch-all-reduce.md", &all_reduce),
+    ] {
+        println!("wrote {}", tables::write_table(path, COMMAND, body)?.display());
+    }
     Ok(())
 }
