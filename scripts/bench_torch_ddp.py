@@ -57,7 +57,10 @@ waited; 2026-11-24):
   index tensor every time); now with index_select on a slice of one index
   tensor: 0.2 -> 0.14 ms per step (timed under load), within the noise.
 - torch.set_num_threads(1) ran after init_process_group; now first. No
-  difference measured (nothing ran on more threads before it).
+  difference measured (nothing ran on more threads before it), nor from
+  OMP_NUM_THREADS=1 in the environment: 17.5 to 17.6 ms per step with it
+  (and one run of 23.3), 17.6 to 18.6 without, --setting best, 4 runs each
+  alternating under chrt -r 1, load 5 to 10.
 The old script (git history) under the same conditions made 99,100 and
 100,300 tokens/s, this one at its defaults 102,100 to 110,900: its mistakes
 cost about 5%, not the 18% issue 24 saw between it and an independent twin;
