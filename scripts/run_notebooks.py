@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
 import sys
 import threading
 import time
@@ -293,7 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             for outcome in pool.map(run_and_report, notebooks):
                 passed, failed = passed + (not outcome.problems), failed + bool(outcome.problems)
-        print(f"all notebooks: {time.monotonic() - total_start:.1f} s")
+        # CPU time of the kernels and of all they ran (cargo, rustc): over the
+        # wall time, how many cores the run kept busy (why --jobs 2 pays).
+        wall = time.monotonic() - total_start
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = children.ru_utime + children.ru_stime
+        print(f"all notebooks: {wall:.1f} s; {cpu:.1f} s of CPU in the kernels and what they ran ({cpu / wall:.2f} cores)")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
