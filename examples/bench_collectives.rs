@@ -14,6 +14,10 @@
 //!      cargo run --release --example bench_collectives -- --world-sizes 2,4 \
 //!          --sizes-mib 0.00390625,0.0625,0.4,4,25 --data chapters/figures/data/collectives.tsv
 //!
+//! The MPI backend on 2 processes, through shared memory and through Open
+//! MPI, next to memcpy (examples/support/mpi_collectives.rs):
+//!      cargo run --release --features mpi --example bench_collectives -- --backend mpi
+//!
 //! Each round, every rank meets the others at a barrier, then times one
 //! all_reduce (SUM) of its own tensor; the round takes as long as its
 //! slowest rank. Next to each time: the spread of the ranks' times in a
@@ -37,6 +41,8 @@ use ddp_workbook::tch::{self, Device, Kind, Tensor};
 mod in_process_timing;
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/mpi_collectives.rs"]
+mod mpi_collectives;
 use in_process_timing::{median, sweep, time_all_reduce};
 use machine::load_average;
 
@@ -100,6 +106,9 @@ fn memcpy_time(mib: f64, args: &Args) -> Duration {
 }
 
 fn main() -> anyhow::Result<()> {
+    if let Some(code) = mpi_collectives::main_if_asked() {
+        std::process::exit(code); // --backend mpi: examples/support/mpi_collectives.rs
+    }
     let args = Args::parse();
     anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
     anyhow::ensure!(args.world_sizes.iter().all(|&n| n > 0), "every world size must be at least 1");
