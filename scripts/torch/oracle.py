@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import Gpt, GptConfig, Linear, Mlp  # noqa: E402
 from safetensors_io import load_file, save_file  # noqa: E402
+from teardown import leave  # noqa: E402
 
 
 class Branchy(nn.Module):
@@ -172,6 +173,7 @@ def main():
         run_stage(stage, directory, rank)
         dist.barrier()
     dist.destroy_process_group()
+    leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)
 
 
 if __name__ == "__main__":

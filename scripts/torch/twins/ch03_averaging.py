@@ -42,3 +42,4 @@ twin.report(f"ch03 averaging by hand, {world_size} ranks, {STEPS} steps: replica
 # ANCHOR: destroy
 dist.destroy_process_group()
 # ANCHOR_END: destroy
+twin.leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)

@@ -65,3 +65,4 @@ twin.report(f"ch04 no_sync accumulation, {world_size} ranks x {MICRO_BATCHES} mi
 del ddp  # DDP's reducer holds the group: free it before the group (see twin.py)
 gc.collect()
 dist.destroy_process_group()
+twin.leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)

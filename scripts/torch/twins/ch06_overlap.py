@@ -63,3 +63,4 @@ twin.report(f"ch06 overlap, {world_size} ranks, {STEPS} steps: backward's order 
 del ddp  # DDP's reducer holds the group: free it before the group (see twin.py)
 gc.collect()
 dist.destroy_process_group()
+twin.leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)

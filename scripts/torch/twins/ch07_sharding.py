@@ -73,3 +73,4 @@ twin.report(f"ch07 DistributedSampler, {world_size} ranks, {LENGTH} examples, {E
 del ddp  # DDP's reducer holds the group: free it before the group (see twin.py)
 gc.collect()
 dist.destroy_process_group()
+twin.leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)

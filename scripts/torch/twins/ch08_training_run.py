@@ -83,3 +83,4 @@ del model  # DDP's reducer holds the group: free the wrapper first (its hooks fo
 gc.collect()
 dist.destroy_process_group()  # the group's sockets and threads, before the process exits
 # ANCHOR_END: destroy
+twin.leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)

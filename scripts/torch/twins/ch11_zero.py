@@ -71,3 +71,4 @@ twin.report(
 del ddp, optimizer  # DDP's reducer holds the group: free it before the group (see twin.py)
 gc.collect()
 dist.destroy_process_group()
+twin.leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)

@@ -68,3 +68,4 @@ twin.report(f"ch12 bf16_compress_hook, {world_size} ranks, {STEPS} steps: gradie
 del ddp  # DDP's reducer holds the group: free it before the group (see twin.py)
 gc.collect()
 dist.destroy_process_group()
+twin.leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)
