@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ddp_workbook::dist::{self, Group};
 
 /// Set in the processes that a test starts: "run the body as a rank".
-const RANK_MARKER: &str = "DDP_MPI_TEST_RANK";
+pub const RANK_MARKER: &str = "DDP_MPI_TEST_RANK";
 /// Each rank prints it when its body returned; the test counts them.
 const FINISHED: &str = "mpi-test-rank-finished";
 

@@ -75,7 +75,11 @@ fn assert_ran_steps(job: &crate::harness::Job, what: &str, first: usize, last: u
 fn the_run_on_2_processes_equals_the_in_process_run_and_resumes_after_a_kill() {
     let name = "training::the_run_on_2_processes_equals_the_in_process_run_and_resumes_after_a_kill";
     let dir = std::env::temp_dir().join(format!("ddp-mpi-resume-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    // Only the test's own process makes the folder: each rank of its jobs
+    // runs this function too, and writes where CHECKPOINT says.
+    if std::env::var_os(crate::harness::RANK_MARKER).is_none() {
+        std::fs::create_dir_all(&dir).expect("a temporary folder");
+    }
     let (whole, cut) = (dir.join("whole.safetensors"), dir.join("cut.safetensors"));
     let (whole_path, cut_path) = (whole.to_string_lossy().into_owned(), cut.to_string_lossy().into_owned());
     let Some(first) = launch(2, name, &[(CHECKPOINT, &whole_path)], rank_of_a_job) else { return };
