@@ -1,7 +1,9 @@
 //! src/dist/mpi/shm.rs: the MPI backend's all-reduce at memory speed. The
 //! ranks on one machine (a node) reduce through an MPI-3 shared-memory
-//! window instead of Open MPI's collectives, with the in-process backend's
-//! slice-parallel scheme (`src/dist/local/split_reduce.rs`). Try it:
+//! window instead of Open MPI's collectives: each rank reduces one fixed
+//! slice of the tensor, in place in the window (the in-process backend's
+//! `src/dist/local/split_reduce.rs` shares blocks among the ranks instead;
+//! across processes, a fixed slice per rank needs no shared counter). Try it:
 //! `cargo test --features mpi --test mpi shared_memory`.
 //!
 //! One call on a node of N ranks, tensor cut into N slices (rank i owns slice i):

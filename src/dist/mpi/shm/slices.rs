@@ -40,7 +40,7 @@ impl<'a> Call<'a> {
             return Err("the shared-memory all-reduce needs a contiguous CPU tensor".into());
         }
         let (numel, elt) = (buf.numel(), buf.kind().elt_size_in_bytes());
-        // As the in-process backend cuts its slices (split_reduce.rs).
+        // Rank s's slice: elements s * numel / size up to (s + 1) * numel / size.
         let bounds = (0..=size).map(|s| (s as u128 * numel as u128 / size as u128) as usize).collect();
         Ok(Call { buf, op, rank, inputs, result, numel, elt, bounds })
     }
