@@ -13,20 +13,25 @@ use crate::gpus;
 
 /// Queues about `seconds` of matrix products on libtorch's stream of `gpu`
 /// (measured on a few first), so that whatever is queued behind them waits.
+/// The products are large (16384 square, about a second's tenth each on an
+/// H100) so that few are queued: the driver holds about a thousand launches,
+/// and a host that queues more blocks until the GPU catches up, which would
+/// leave less than `seconds` of work queued when this returns.
 fn keep_busy(gpu: Device, seconds: f64) -> Tensor {
     let Device::Cuda(index) = gpu else { unreachable!("a GPU") };
-    let a = Tensor::randn([4096, 4096], (Kind::Float, gpu));
-    let product = |x: &Tensor| x.matmul(&a) / 64.0; // stays finite
-    let mut x = product(&a);
+    // Scaled by 1/sqrt(16384): a product of normal entries then keeps its
+    // entries' size, so the chain stays finite, one kernel per product.
+    let a = Tensor::randn([16384, 16384], (Kind::Float, gpu)) / 128.0;
+    let mut x = a.matmul(&a);
     Cuda::synchronize(index as i64);
     let started = Instant::now();
-    for _ in 0..10 {
-        x = product(&x);
+    for _ in 0..3 {
+        x = x.matmul(&a);
     }
     Cuda::synchronize(index as i64);
-    let each = started.elapsed().as_secs_f64() / 10.0;
+    let each = started.elapsed().as_secs_f64() / 3.0;
     for _ in 0..(seconds / each.max(1e-6)).ceil() as usize {
-        x = product(&x);
+        x = x.matmul(&a);
     }
     x
 }
@@ -42,7 +47,7 @@ fn a_call_past_its_deadline_fails_and_keeps_its_tensor_from_the_allocator() {
     nccl::spawn_on_gpus_with_timeout(1, deadline, |pg| {
         let gpu = Device::Cuda(0);
         // 40 MiB: a block of its own in the caching allocator, of a size
-        // nothing else here allocates (keep_busy's tensors take 64 MiB).
+        // nothing else here allocates (keep_busy's tensors take 1 GiB).
         let mut t = Tensor::ones([10 << 20], (Kind::Float, gpu));
         let address = t.data_ptr() as usize;
         // The all-reduce waits on the GPU behind 6 s of libtorch's work: it
