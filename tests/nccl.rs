@@ -60,9 +60,9 @@ fn with_no_gpu(test: &str, body: impl FnOnce()) {
 #[test]
 fn nccl_loads_from_the_wheel_and_says_its_version() {
     let version = nccl::version().expect("scripts/setup.sh links .nccl/libnccl.so");
-    let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
-    // Avg inside the collective needs NCCL 2.10 or newer.
-    assert!(parts[0] == 2 && parts[1] >= 10, "NCCL {version} is older than 2.10");
+    // The wheel's NCCL is the one libtorch itself was built with, and it
+    // takes the communicator config this backend fills in.
+    assert_eq!(version, "2.28.9", "pip's torch 2.11.0 installs NCCL 2.28.9");
 }
 
 #[test]

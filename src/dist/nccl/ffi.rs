@@ -52,16 +52,25 @@ pub fn version_text(code: i32) -> String {
     format!("{}.{}.{}", code / 10000, code / 100 % 100, code % 100)
 }
 
-/// Fails for an NCCL too old for this backend: non-blocking communicators
-/// (`ncclCommInitRankConfig`) came in 2.14. cudarc would panic at the first
-/// missing function instead.
+/// The NCCL release whose `ncclConfig_t` layout [`non_blocking_config`]
+/// fills in (the struct grows with releases and carries its version).
+const CONFIG_LAYOUT: i32 = 22809;
+
+/// Fails for an NCCL older than the config layout this backend fills in.
+/// An older one refuses the config with a bare `ncclInvalidArgument` (seen
+/// on a GPU machine whose system NCCL 2.28.3 was found before the wheel's
+/// 2.28.9); cudarc would panic at the first missing function of a much
+/// older one.
 pub fn recent_enough() -> Result<(), String> {
     match nccl_version()? {
-        code if code >= 21400 => Ok(()),
+        code if code >= CONFIG_LAYOUT => Ok(()),
         code => Err(format!(
-            "the NCCL found is {}, and this backend needs 2.14 or newer: use the NCCL \
-             that pip installs with torch (scripts/setup.sh links it as .nccl/libnccl.so)",
-            version_text(code)
+            "the NCCL found is {}, and this backend needs {} or newer (it fills in that \
+             release's communicator config): put the NCCL that pip installs with torch first \
+             (scripts/setup.sh links it as .nccl/libnccl.so; scripts/gpu_check.sh puts it on \
+             LD_LIBRARY_PATH), not the system's",
+            version_text(code),
+            version_text(CONFIG_LAYOUT)
         )),
     }
 }
@@ -229,7 +238,7 @@ fn non_blocking_config() -> nccl_sys::ncclConfig_t {
     let mut config: nccl_sys::ncclConfig_t = unsafe { std::mem::zeroed() };
     config.size = std::mem::size_of::<nccl_sys::ncclConfig_t>();
     config.magic = 0xcafe_beef;
-    config.version = 22809; // the layout of NCCL 2.28.9
+    config.version = CONFIG_LAYOUT as u32;
     for field in [
         &mut config.cgaClusterSize,
         &mut config.minCTAs,
