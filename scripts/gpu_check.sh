@@ -3,7 +3,9 @@
 # machine with NVIDIA GPUs it runs every GPU test (tests/nccl.rs and
 # tests/gpu_threads.rs with --include-ignored), bench_nccl, the training run
 # on CUDA with one GPU and with every GPU (and on the CPU, for comparison),
-# and PyTorch's DDP with NCCL on the same work (scripts/bench_torch_ddp.py),
+# two rank threads on one GPU plain, with ZeRO-1, with bf16 gradients, and
+# stopped half-way then resumed (ZeRO-1's and the resumed run's final state
+# must equal the plain run's, bitwise), and PyTorch's DDP with NCCL on the same work (scripts/bench_torch_ddp.py),
 # and writes one Markdown report with the numbers, the GPU, its driver and
 # the date. Where there is no GPU it refuses in one line and exits 2.
 #
@@ -152,6 +154,20 @@ if ((gpu_count > 1)); then
 fi
 run_step "training run, 2 in-process rank threads sharing cuda:0" "$dir/train" --backend in-process --device cuda "${train_steps[@]}"
 run_step "training run, CPU, 2 in-process ranks" "$dir/train" --backend in-process "${train_steps[@]}"
+# Chapters 11 and 12 and the checkpoints on the GPU: ZeRO-1 and a run
+# stopped half-way and resumed must end in the plain run's exact state.
+on_gpu=(--backend in-process --device cuda)
+run_step "training run, ZeRO-1, 2 rank threads sharing cuda:0" "$dir/train" "${on_gpu[@]}" --zero 1 "${train_steps[@]}"
+run_step "training run, bf16 gradients, 2 rank threads sharing cuda:0" "$dir/train" "${on_gpu[@]}" --grad-dtype bf16 "${train_steps[@]}"
+all_steps=${steps:-$("$dir/train" --help | grep -A1 -- '--steps <STEPS>' | sed -n 's/.*\[default: \([0-9]*\)\].*/\1/p')}
+checkpoint="$step_log_dir/run.ckpt" # removed with the logs
+half=$((all_steps > 1 ? all_steps / 2 : 1))
+run_step "training run, stopped after step $half, 2 rank threads sharing cuda:0" \
+    "$dir/train" "${on_gpu[@]}" --checkpoint "$checkpoint" --stop-after "$half" "${train_steps[@]}"
+run_step "training run, resumed, 2 rank threads sharing cuda:0" \
+    "$dir/train" "${on_gpu[@]}" --checkpoint "$checkpoint" --resume "${train_steps[@]}"
+same_state "ZeRO-1 (AdamW sharded) and plain DDP" "training run, ZeRO-1" "training run, 2 in-process rank threads"
+same_state "stopped and resumed, and run through" "training run, resumed" "training run, 2 in-process rank threads"
 # PyTorch at its defaults, and at its best settings where the script has them.
 torch_settings=("")
 if "$python" scripts/bench_torch_ddp.py --help 2>/dev/null | grep -q -- '--setting'; then

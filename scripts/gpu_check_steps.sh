@@ -3,7 +3,7 @@
 # it, not run on its own: scripts/gpu_check.sh --help says how to run it.
 
 passed_steps=0 failed_steps=0
-step_names=() step_commands=() step_status=() step_seconds=() step_logs=()
+step_names=() step_commands=() step_status=() step_seconds=() step_logs=() state_rows=()
 # Made when needed; scripts/gpu_check.sh removes them when it exits.
 step_log_dir="" nccl_link_dir=""
 remove_temporary_folders() { rm -rf "${step_log_dir:-/nonexistent}" "${nccl_link_dir:-/nonexistent}"; }
@@ -83,6 +83,22 @@ log_of() {
     done
 }
 
+# same_state LABEL STEP_A STEP_B: whether two training steps ended in the
+# same state (the fingerprint each prints: weights, optimizer state,
+# progress); a difference, or a run that printed none, counts as a failed step.
+same_state() {
+    local a b verdict
+    a=$(sed -n 's/.*fingerprint \(0x[0-9a-f]*\).*/\1/p' "$(log_of "$2")" 2>/dev/null)
+    b=$(sed -n 's/.*fingerprint \(0x[0-9a-f]*\).*/\1/p' "$(log_of "$3")" 2>/dev/null)
+    if [[ -n $a && $a == "$b" ]]; then
+        verdict="equal" passed_steps=$((passed_steps + 1))
+    else
+        verdict="**DIFFER**" failed_steps=$((failed_steps + 1))
+    fi
+    echo "gpu_check: same final state, $1: $verdict" >&2
+    state_rows+=("| $1 | ${a:-none} | ${b:-none} | $verdict |")
+}
+
 # write_report FILE GPUS LOAD_BEFORE MANIFEST PYTHON TORCH INVOCATION
 write_report() {
     local out=$1 gpus=$2 load_before=$3 manifest=$4 python=$5 torch=$6 invocation=$7 i log
@@ -91,7 +107,7 @@ write_report() {
         echo "# GPU check: $gpus x $("${smi[@]}" --query-gpu=name | head -1), $(date -u +%Y-%m-%d)"
         echo
         echo "Written by \`scripts/gpu_check.sh${invocation:+ $invocation}\` at $(date -u '+%Y-%m-%d %H:%M UTC')."
-        echo "$passed_steps of $((passed_steps + failed_steps)) steps passed."
+        echo "$passed_steps of $((passed_steps + failed_steps)) steps passed (the last two compare final states)."
         echo
         echo "| | |"
         echo "| --- | --- |"
@@ -158,6 +174,14 @@ write_report() {
                         "$(sed -n 's/^tokens_per_second \([0-9.]*\)/\1/p' "$log") | | |" ;;
             esac
         done
+        echo
+        echo "## Same final state"
+        echo
+        echo "Runs that must end bitwise alike, by the fingerprint each prints (each counts as a step above)."
+        echo
+        echo "| runs | fingerprint | fingerprint | |"
+        echo "| --- | --- | --- | --- |"
+        printf '%s\n' "${state_rows[@]}"
         echo
         echo "## Each step's output (its last 60 lines)"
         for i in "${!step_names[@]}"; do
