@@ -20,7 +20,7 @@
 //! | the finished wrapper: [`SimpleDistributedDataParallelism`] | `wrapper.rs` | 7 |
 //! | one optimizer step with accumulation: [`train_step`], for any [`StepOptimizer`] | `step.rs` | 7 |
 //! | communication hooks: [`CommHook`], [`bf16_compress_hook`] (bf16 on the wire) | `comm_hook.rs` | 12 |
-//! | ZeRO-1, AdamW sharded over the ranks: [`ShardedAdamW`], [`AdamWUpdate`] (its arithmetic) | `zero.rs`, `zero_checkpoint.rs`, `adamw_update.rs` | 11 |
+//! | ZeRO-1, AdamW sharded over the ranks: [`ShardedAdamW`], [`AdamWUpdate`] (its arithmetic) | `zero.rs`, `zero_steps.rs`, `zero_checkpoint.rs`, `adamw_update.rs` | 11 |
 //! | the chapters' seams, never used by the library: [`seams`] | `seams.rs` | 2-6, 11 |
 //!
 //! ```no_run
@@ -59,6 +59,7 @@ mod step;
 mod wrapper;
 mod zero;
 mod zero_checkpoint;
+mod zero_steps;
 
 pub use crate::models::Named;
 pub use adamw_update::AdamWUpdate;
@@ -79,4 +80,5 @@ pub use sampler::{epoch_shard, permutation, rows, samples_per_rank, shard_indice
 pub use sampler_options::{SamplerError, SamplerOptions};
 pub use step::{train_step, train_step_with};
 pub use wrapper::{SimpleDistributedDataParallelism, StepOptimizer};
-pub use zero::{shard_of, step_bucket, Shard, ShardedAdamW, ShardedBucket};
+pub use zero::{Shard, ShardedAdamW, ShardedBucket};
+pub use zero_steps::{shard_of, step_bucket};

@@ -1,13 +1,11 @@
-//! Spoiler: this file holds the library's answers to chapter 11's
-//! `shard_of` and `step_bucket` (`src/ch11_zero/exercise.rs`). Working
-//! through the book? Write yours first; the book shows them at the end of
-//! the chapter.
 //! ZeRO stage 1 in the finished library: [`ShardedAdamW`], AdamW sharded
 //! over the ranks. Plain DDP keeps the whole AdamW state on every rank, N
 //! identical copies; here each rank owns one shard of every bucket's flat
 //! parameters and steps AdamW on that shard only, so it keeps 1/N of the
-//! moments. Chapter 11 builds it: the learner writes [`shard_of`] and
-//! [`step_bucket`], which it runs through `seams.rs`.
+//! moments. This file lays the buckets out and runs the step; the two
+//! functions chapter 11 asks the learner for, [`shard_of`] and
+//! [`step_bucket`], are the library's in `zero_steps.rs` (the spoilers live
+//! there), and the optimizer runs them, or the learner's through `seams.rs`.
 //!
 //! With the wrapper, keep every backward of a step inside `no_sync`: the
 //! gradients are reduce-scattered by [`ShardedAdamW::step`], not all-reduced
@@ -22,7 +20,8 @@ use tch::{TchError, Tensor};
 use super::adamw_update::AdamWUpdate;
 use super::layout::{plan_buckets, BucketCaps, ParamMeta};
 use super::wrapper::StepOptimizer;
-use crate::dist::{torch_error, DistError, Group, ProcessGroup, ReduceOp};
+use super::zero_steps::{shard_of, step_bucket};
+use crate::dist::{torch_error, DistError, Group, ProcessGroup};
 use crate::models::Named;
 
 // ANCHOR: shard
@@ -217,48 +216,6 @@ impl StepOptimizer for ShardedAdamW {
         ShardedAdamW::step(self).map_err(|error| TchError::Torch(error.to_string()))
     }
 }
-
-// ANCHOR: shard_of
-/// The shard rank `rank` of `world_size` owns of a flat buffer of `numel`
-/// elements, padded with zeros at its end. Every rank gets the same `len`
-/// and `padded_numel`; the padded buffer is `world_size` shards of `len`
-/// elements (what `reduce_scatter` cuts it into), and rank `rank`'s shard is
-/// the one `reduce_scatter` leaves on rank `rank`; the padded buffer holds
-/// all `numel` elements, with fewer zeros of padding than there are ranks.
-/// An empty buffer has empty shards.
-pub fn shard_of(numel: usize, world_size: usize, rank: usize) -> Shard {
-    let len = numel.div_ceil(world_size); // the last shard holds the padding
-    Shard { padded_numel: len * world_size, offset: rank * len, len }
-}
-// ANCHOR_END: shard_of
-
-// ANCHOR: step_bucket
-/// One ZeRO-1 step of one bucket, on every rank: this rank's shard of the
-/// gradients, averaged over all ranks as plain DDP averages them (summed,
-/// then the sum divided by the world size), steps this rank's shard of the
-/// parameters with AdamW and the shard's moments in the bucket, and every
-/// rank ends with every rank's updated shard written into `bucket.param`:
-/// the parameters plain DDP with AdamW would have, bit for bit.
-pub fn step_bucket(
-    pg: &dyn ProcessGroup,
-    bucket: &mut ShardedBucket,
-    adamw: &AdamWUpdate,
-) -> Result<(), DistError> {
-    let Shard { offset, len, .. } = bucket.shard;
-    // Sum, then divide, as DDP's all-reduce does: the same bits per element.
-    let mut grad = pg.reduce_scatter(&bucket.grad, ReduceOp::Sum)?; // [len], this rank's shard
-    let _ = grad
-        .f_div_scalar_(pg.world_size() as f64)
-        .map_err(torch_error(pg, "dividing the gradient shard by the world size"))?;
-    let mut param = bucket.param.narrow(0, offset as i64, len as i64); // a view: the update lands in the bucket
-    adamw
-        .apply(&mut param, &grad, &mut bucket.exp_avg, &mut bucket.exp_avg_sq)
-        .map_err(torch_error(pg, "AdamW on this rank's shard"))?;
-    let shards = pg.all_gather(&param)?; // world_size x [len], in rank order
-    tch::no_grad(|| bucket.param.f_copy_(&Tensor::cat(&shards, 0)))
-        .map_err(torch_error(pg, "copying the gathered shards into the bucket"))
-}
-// ANCHOR_END: step_bucket
 
 /// Fails, saying what is wrong, unless `shard` splits a buffer of `numel`
 /// elements into equal parts, one per rank, that cover it.
