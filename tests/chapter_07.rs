@@ -6,9 +6,10 @@
 //!
 //! Several files, one test binary:
 //! - `chapter_07/sampler.rs`: the `DistributedSampler` alone: equal counts,
-//!   disjoint shards that cover the data set, the padding and the stride, a
-//!   new order every epoch and the same one on every rank; its controls
-//!   (`chapter_07/sampler_controls.rs`: the library's shuffle, bad input);
+//!   disjoint shards that cover the data set, the padding and the stride;
+//!   `chapter_07/sampler_order.rs`: a new order every epoch and the same one
+//!   on every rank; its controls (`chapter_07/sampler_controls.rs`: the
+//!   library's shuffle, bad input);
 //! - `chapter_07/training.rs`: the chapter-7 `SimpleDistributedDataParallelism`
 //!   trained with the sampler, accumulation and small buckets on 2 and 3
 //!   ranks, against one process on the global batch the shards form, the
