@@ -22,7 +22,8 @@ inference, rustc on a small cell), so two share 2 cores well.
 --check-clean: committed notebooks carry no outputs and no execution counts
 (clean diffs: the runner makes the outputs), use the ddp-workbook kernel,
 open with a markdown cell, and depend on the crate by its relative path in
-their first code cell. --strip brings a notebook to that form.
+their first code cell. --strip brings a notebook to that form. Both live in
+scripts/notebook_form.py.
 
 The last line is `N passed, N failed`, alone on its line; the exit status is
 non-zero when anything failed. Tested by scripts/test_run_notebooks.py.
@@ -31,7 +32,6 @@ non-zero when anything failed. Tested by scripts/test_run_notebooks.py.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import resource
 import sys
@@ -41,10 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from notebook_form import KERNEL_NAME, clean_problems, strip, text_of
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-KERNEL_NAME = "ddp-workbook"
-DEP_LINE = ':dep ddp-workbook = { path = ".." }'
 # Seconds one cell may take. The first cell of a notebook builds the crate
 # (and, the first time ever, tch and libtorch's bindings: several minutes).
 DEFAULT_CELL_TIMEOUT = 1800
@@ -55,11 +55,6 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 def default_notebooks() -> list[Path]:
     return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]-*.ipynb"))
-
-
-def text_of(value) -> str:
-    """A notebook stores text as one string or as a list of lines."""
-    return "".join(value) if isinstance(value, list) else (value or "")
 
 
 def shorten(text: str, lines: int = 30) -> str:
@@ -78,49 +73,6 @@ def without_the_cell_source(details: str) -> str:
 
 
 SOURCE_RULE = "-" * 18
-
-
-# ------------------------------------------------------------------ clean
-
-
-def clean_problems(path: Path) -> list[str]:
-    """What keeps a committed notebook from being in its clean form."""
-    try:
-        nb = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return [f"cannot be read as JSON: {error}"]
-    problems = []
-    if nb.get("nbformat") != 4:
-        problems.append(f"nbformat is {nb.get('nbformat')!r}; write nbformat 4")
-    kernel = nb.get("metadata", {}).get("kernelspec", {}).get("name")
-    if kernel != KERNEL_NAME:
-        problems.append(f"metadata.kernelspec.name is {kernel!r}; it must be {KERNEL_NAME!r} (the project's kernel)")
-    cells = nb.get("cells", [])
-    if not cells or cells[0].get("cell_type") != "markdown":
-        problems.append("the first cell must be markdown: what the chapter is about")
-    code = [(i, c) for i, c in enumerate(cells) if c.get("cell_type") == "code"]
-    if not code or DEP_LINE not in text_of(code[0][1].get("source")):
-        problems.append(f"the first code cell must hold `{DEP_LINE}` (the crate, by its relative path)")
-    for i, cell in code:
-        where = f"cell {i + 1}"
-        if cell.get("outputs"):
-            problems.append(f"{where} has outputs; committed notebooks have none (--strip removes them)")
-        if cell.get("execution_count") is not None:
-            problems.append(f"{where} has execution_count {cell['execution_count']}; it must be null (--strip)")
-        if "execution" in cell.get("metadata", {}):
-            problems.append(f"{where} has execution timings in its metadata (--strip removes them)")
-    return problems
-
-
-def strip(path: Path) -> None:
-    """Removes outputs, execution counts and timings, in place."""
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    for cell in nb.get("cells", []):
-        if cell.get("cell_type") == "code":
-            cell["outputs"] = []
-            cell["execution_count"] = None
-        cell.get("metadata", {}).pop("execution", None)
-    path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # -------------------------------------------------------------------- run
