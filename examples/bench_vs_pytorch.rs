@@ -13,7 +13,8 @@
 //! each side: a 2-rank step's time minus a 1-rank step's time. Then one
 //! all_reduce of 4 KiB, 0.4, 4 and 25 MiB on each backend. Writes both tables
 //! to chapters/tables/vs-pytorch.md and vs-pytorch-all-reduce.md (the book
-//! and README include them), with the machine and its load.
+//! and README include them), with the machine and its load. The all_reduce
+//! table is examples/support/vs_pytorch_all_reduce.rs.
 //!
 //! Run: cargo run --release --features mpi --example bench_vs_pytorch
 //!      cargo run --release --features mpi --example bench_vs_pytorch -- --rounds 7 --steps 300
@@ -25,23 +26,24 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ddp_workbook::data::TokenTask;
-use ddp_workbook::dist::{spawn, ProcessGroup, ReduceOp};
-use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::train::{self, Event, TrainConfig};
 
+#[path = "support/vs_pytorch_all_reduce.rs"]
+mod all_reduce;
 #[path = "support/bench_commands.rs"]
 mod commands;
 #[path = "support/machine.rs"]
 mod machine;
 #[path = "support/vs_pytorch_tables.rs"]
 mod tables;
+use all_reduce::{all_reduce_rows, ALL_REDUCE_ROUNDS};
 use commands::{lines_of, python, root, stdout_of};
 use machine::load_average;
 use tables::{Column, Rate};
 
 #[derive(Parser)]
 #[command(about = "The workbook's training run against PyTorch DDP (gloo), alternating rounds")]
-struct Args {
+pub struct Args {
     /// Rounds; each runs every contender once.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
@@ -62,10 +64,6 @@ enum Worker {
     AllReduce,
 }
 
-/// The all_reduce sizes, in MiB: a tiny message (where a signature
-/// exchange shows), a small bucket, a medium one, PyTorch's default cap.
-const SIZES_MIB: [f64; 4] = [0.004, 0.4, 4.0, 25.0];
-const ALL_REDUCE_ROUNDS: usize = 30;
 const COMMAND: &str = "cargo run --release --features mpi --example bench_vs_pytorch";
 
 /// The training run's settings, on `world_size` ranks; it logs every
@@ -113,21 +111,6 @@ fn logged(
     Ok(logs.into_inner().unwrap())
 }
 
-/// Rank 0's median time of one all_reduce of `mib`, each after a barrier.
-fn time_all_reduce(pg: &dyn ProcessGroup, mib: f64) -> anyhow::Result<f64> {
-    let mut tensor = Tensor::ones([(mib * 1024.0 * 1024.0 / 4.0) as i64], (Kind::Float, Device::Cpu));
-    let mut times = vec![];
-    for round in 0..ALL_REDUCE_ROUNDS + 5 {
-        pg.barrier()?;
-        let started = Instant::now();
-        pg.all_reduce(&mut tensor, ReduceOp::Sum)?;
-        if round >= 5 {
-            times.push(started.elapsed().as_secs_f64());
-        }
-    }
-    Ok(tables::summary(&times).0)
-}
-
 /// Inside mpirun: one rank of a training run or of the all_reduce timings;
 /// rank 0 prints the lines the coordinator reads.
 #[cfg(feature = "mpi")]
@@ -145,8 +128,8 @@ fn worker(kind: Worker, args: &Args) {
                 }
             }
             Worker::AllReduce => {
-                for mib in SIZES_MIB {
-                    let seconds = time_all_reduce(pg.as_ref(), mib)?;
+                for mib in all_reduce::SIZES_MIB {
+                    let seconds = all_reduce::time_all_reduce(pg.as_ref(), mib)?;
                     if pg.rank() == 0 {
                         println!("allreduce {mib} {seconds}");
                     }
@@ -170,7 +153,7 @@ fn rate_of(command: Command) -> anyhow::Result<Rate> {
 }
 
 /// This program as 2 MPI processes in `worker` mode.
-fn mpi_job(kind: &str, args: &Args, debug: &str) -> anyhow::Result<Command> {
+pub fn mpi_job(kind: &str, args: &Args, debug: &str) -> anyhow::Result<Command> {
     let mut command = Command::new("bash");
     command.arg(root().join("scripts/launch.sh")).args(["-np", "2"]).arg(std::env::current_exe()?);
     command.args(["--worker", kind, "--steps", &args.steps.to_string()]);
@@ -215,35 +198,6 @@ fn run_contender(index: usize, args: &Args) -> anyhow::Result<Rate> {
         }
         _ => unreachable!("{} contenders", NAMES.len()),
     }
-}
-
-/// One all_reduce per size on each backend: in-process, MPI (signature check
-/// on and off) and gloo; the table as markdown.
-fn all_reduce_rows() -> anyhow::Result<String> {
-    let in_process = spawn(2, |pg| {
-        SIZES_MIB.iter().map(|&mib| time_all_reduce(pg.as_ref(), mib)).collect::<Result<Vec<_>, _>>()
-    })?;
-    let on_mpi = |debug| -> anyhow::Result<Vec<f64>> {
-        let args = Args::parse_from(["bench_vs_pytorch", "--steps", "0"]);
-        Ok(lines_of(&stdout_of(mpi_job("all-reduce", &args, debug)?)?, "allreduce")?
-            .iter()
-            .map(|v| v[1])
-            .collect())
-    };
-    let sizes: Vec<String> = SIZES_MIB.iter().map(f64::to_string).collect();
-    let mut gloo_args = vec!["--sizes"];
-    gloo_args.extend(sizes.iter().map(String::as_str));
-    let gloo = stdout_of(python("scripts/bench_torch_allreduce.py", &gloo_args)?)?;
-    let gloo = lines_of(&gloo, "allreduce")?.iter().map(|v| v[1]).collect();
-    Ok(tables::all_reduce_table(
-        &SIZES_MIB,
-        &[
-            ("in-process", in_process[0].clone()),
-            ("MPI", on_mpi("detail")?),
-            ("MPI, DDP_DEBUG=off", on_mpi("off")?),
-            ("gloo", gloo),
-        ],
-    ))
 }
 
 fn main() -> anyhow::Result<()> {
