@@ -21,6 +21,9 @@ use ddp_workbook::tch::{self, Kind};
 
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/median.rs"]
+mod median;
+use median::median;
 
 #[derive(Parser)]
 #[command(about = "Wait after backward with f32 and with bf16 gradients, over a simulated link")]
@@ -75,11 +78,6 @@ fn measure(bf16: bool, args: &Args) -> anyhow::Result<(u64, Vec<Duration>)> {
     })?;
     let waits = (0..args.steps).map(|s| per_rank.iter().map(|(_, w)| w[s]).min().expect("ranks")).collect();
     Ok((per_rank[0].0, waits))
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 fn main() -> anyhow::Result<()> {

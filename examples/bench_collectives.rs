@@ -41,10 +41,13 @@ use ddp_workbook::tch::{self, Device, Kind, Tensor};
 mod in_process_timing;
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/median.rs"]
+mod median;
 #[path = "support/mpi_collectives.rs"]
 mod mpi_collectives;
-use in_process_timing::{median, sweep, time_all_reduce};
+use in_process_timing::{sweep, time_all_reduce};
 use machine::load_average;
+use median::median;
 
 /// `--scheme`: the in-process all_reduce's algorithm.
 #[derive(Clone, Copy, ValueEnum)]

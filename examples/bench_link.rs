@@ -25,6 +25,10 @@ use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::{self, Device, Kind, Tensor};
 
+#[path = "support/median.rs"]
+mod median;
+use median::median;
+
 #[derive(Parser)]
 #[command(
     about = "Tokens/s and time after backward of the three syncs over a real link, against the α–β model and the simulated link"
@@ -127,11 +131,6 @@ fn measure(pg: &Group, sync: Sync, args: &Args) -> anyhow::Result<Vec<(Duration,
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// The median of `calls` timed all-reduces of `numel` f32 values.

@@ -22,7 +22,10 @@ use ddp_workbook::train::AdamW;
 
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/median.rs"]
+mod median;
 use machine::load_average;
+use median::median;
 
 #[derive(Parser)]
 #[command(about = "Time an AdamW step of the tiny GPT against the same update on one flat tensor")]
@@ -33,11 +36,6 @@ struct Args {
     /// Untimed steps before them.
     #[arg(long, default_value_t = 50)]
     warmup: usize,
-}
-
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
 }
 
 /// Runs `a` and `b` alternately, `warmup + steps` times each, so that both

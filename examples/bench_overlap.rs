@@ -32,11 +32,14 @@ use ddp_workbook::tch::{self, Kind};
 mod copying_steps;
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/median.rs"]
+mod median;
 #[path = "support/overlap_timeline.rs"]
 mod overlap_timeline;
 #[path = "support/timed_group.rs"]
 mod timed_group;
 use machine::load_average;
+use median::median;
 use overlap_timeline::{record_timeline, timeline_data, timeline_table};
 
 #[derive(Parser)]
@@ -176,11 +179,6 @@ fn gradient_bytes() -> usize {
 
 /// The timeline's warm-up steps, then the steps it picks the fastest of.
 const TIMELINE_STEPS: (usize, usize) = (5, 100);
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)

@@ -17,6 +17,8 @@ use ddp_workbook::dist::local::{split_wins, wait_counts, AllReduceScheme, WaitCo
 use ddp_workbook::dist::{spawn_with, ReduceOp, SpawnOptions};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 
+use crate::median::median;
+
 /// One case's result: medians over the timed rounds.
 pub struct Measured {
     /// The slowest rank's all_reduce time.
@@ -49,11 +51,6 @@ impl Measured {
             }
         }
     }
-}
-
-pub fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
 }
 
 /// Each round, every rank meets the others at a barrier, then times one
