@@ -177,7 +177,7 @@ write_report() {
         echo
         echo "## Same final state"
         echo
-        echo "Runs that must end bitwise alike, by the fingerprint each prints (each counts as a step above)."
+        echo "Runs that must end bitwise alike, by the fingerprint each prints (each counts as one step in the tally at the top)."
         echo
         echo "| runs | fingerprint | fingerprint | |"
         echo "| --- | --- | --- | --- |"
