@@ -31,8 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-# The runner's names for the kernel, the crate's `:dep` line and the notebooks.
-from run_notebooks import DEP_LINE, KERNEL_NAME, NOTEBOOK_DIR, default_notebooks, text_of
+# The names for the kernel and the crate's `:dep` line, and the runner's notebooks.
+from notebook_form import DEP_LINE, KERNEL_NAME, text_of
+from run_notebooks import NOTEBOOK_DIR, default_notebooks
 
 # A cell that needs the crate and prints: proves the prebuilt crate loads.
 CHECK_CELL = 'println!("prebuilt: {}", ddp_workbook::tch::Tensor::from(2.0f64).double_value(&[]));'
