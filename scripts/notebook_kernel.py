@@ -7,7 +7,8 @@ long a learner waits for a notebook's first output.
 
 prebuild (the last step of scripts/setup_notebooks.sh): starts one
 "Rust (ddp-workbook)" kernel whose launcher builds into the seed folder
-(`~/.cache/ddp-workbook/evcxr/seed`), runs every distinct `:dep` cell of
+(`~/.cache/ddp-workbook/evcxr/CHECKOUT/seed`, one per checkout, so that
+another checkout's set-up leaves it alone), runs every distinct `:dep` cell of
 notebooks/ there (the crate, then plotters for chapter 8), and marks the
 seed ready with the launcher's stamp (libtorch, rustc and evcxr versions).
 The launcher starts every new build folder as a copy of a ready seed, so a

@@ -17,10 +17,12 @@
 #      rpath, so the kernel itself must tell it where libtorch is.
 #   5. prebuilds the crate the notebooks' first cell compiles (tch and
 #      libtorch's bindings: about 1.5 minutes on 2 cores, once) into the
-#      kernel's seed folder, ~/.cache/ddp-workbook/evcxr/seed, with
-#      scripts/notebook_kernel.py prebuild: the launcher starts each new
-#      build folder as a copy of it, so a learner's first notebook shows its
-#      first output in seconds (skipped while the seed is up to date).
+#      kernel's seed folder, ~/.cache/ddp-workbook/evcxr/CHECKOUT/seed (one
+#      per checkout: NAME-HASH, the checkout folder's name and a hash of its
+#      path), with scripts/notebook_kernel.py prebuild: the launcher starts
+#      each new build folder as a copy of it, so a learner's first notebook
+#      shows its first output in seconds (skipped while the seed is up to
+#      date).
 # Then scripts/jupyter.sh opens Jupyter, and scripts/run_notebooks.py runs
 # every notebook as CI does. notebooks/README.md explains the whole set-up.
 
@@ -137,6 +139,16 @@ except ImportError:
 EOF
 }
 
+# This checkout's name in the kernel's cache: "main-1a2b3c4d5e6f", the
+# folder's name (to read) and a hash of its full path (to keep two
+# checkouts called main apart).
+checkout_key() {
+    local name hash
+    name="$(basename "$REPO_ROOT" | tr -c 'A-Za-z0-9._\n-' '_')"
+    hash="$(printf '%s' "$REPO_ROOT" | sha256sum | cut -c1-12)"
+    printf '%s-%s\n' "$name" "$hash"
+}
+
 step_kernel() {
     # The launcher gives each running kernel a build folder of its own with flock.
     command -v flock >/dev/null 2>&1 ||
@@ -151,6 +163,9 @@ step_kernel() {
         fail "LIBTORCH in .cargo/libtorch.toml ($libtorch) holds no lib/libtorch_cpu.so." \
              "Run scripts/setup.sh again."
     mkdir -p "$KERNEL_DIR"
+    # The launcher's cache folder: this checkout's own (see the launcher).
+    local CHECKOUT_KEY
+    CHECKOUT_KEY="$(checkout_key)"
     # The launcher: the environment libtorch needs, a build folder of its
     # own, then evcxr_jupyter. Written fresh every time (it holds paths).
     cat >"$KERNEL_DIR/launch.sh.tmp" <<EOF
@@ -172,8 +187,12 @@ export LD_LIBRARY_PATH="\$LIBTORCH/lib:\$rust_std_lib\${LD_LIBRARY_PATH:+:\$LD_L
 # takes a folder of its own (build-0, build-1, ...): two kernels writing
 # the same folder would break each other's builds. A lock file marks a
 # folder as taken; the lock is held as long as the kernel runs.
-cache="\${DDP_WORKBOOK_EVCXR_CACHE:-\${XDG_CACHE_HOME:-\$HOME/.cache}/ddp-workbook/evcxr}"
+# One folder per checkout (its name and a hash of its path): the seed and
+# build folders hold this checkout's crate and libtorch, so another
+# checkout's set-up must not rewrite them.
+cache="\${DDP_WORKBOOK_EVCXR_CACHE:-\${XDG_CACHE_HOME:-\$HOME/.cache}/ddp-workbook/evcxr/$CHECKOUT_KEY}"
 mkdir -p "\$cache"
+printf '%s\n' $(printf '%q' "$REPO_ROOT") >"\$cache/checkout"
 # What a build made here depends on: a folder built with another libtorch,
 # compiler or evcxr rebuilds everything.
 stamp="libtorch=\$LIBTORCH \$(rustc -V) evcxr_jupyter=$EVCXR_VERSION"
@@ -251,7 +270,22 @@ EOF
     done_already "kernel \"Rust (ddp-workbook)\" in ${KERNEL_DIR#"$REPO_ROOT"/} (LIBTORCH=$libtorch)"
 }
 
+# Before each checkout had a cache folder of its own, all shared
+# ~/.cache/ddp-workbook/evcxr/{seed,build-N}; remove those (about 450 MB
+# each) unless a running kernel holds one (its lock is taken).
+remove_shared_cache_folders() {
+    local root="${XDG_CACHE_HOME:-$HOME/.cache}/ddp-workbook/evcxr" dir
+    for dir in "$root"/seed "$root"/build-[0-9]; do
+        [[ -d "$dir" && -f "$dir.lock" ]] || continue
+        if flock --nonblock "$dir.lock" rm -rf "$dir"; then
+            rm -f "$dir.lock"
+            say "removed $dir (the cache folders are now one per checkout)"
+        fi
+    done
+}
+
 step_prebuild() {
+    remove_shared_cache_folders
     "$VENV_PYTHON" "$REPO_ROOT/scripts/notebook_kernel.py" prebuild ||
         fail "the notebook kernel could not build the crate (see above)." \
              "Run it again to see the error: .venv/bin/python scripts/notebook_kernel.py prebuild --force"

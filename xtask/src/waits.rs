@@ -145,8 +145,7 @@ fn first_output(ctx: &Context, wait: &str, scratch: Option<Scratch>) -> Result<R
         // Beside the learner's build folders, never inside the repository:
         // evcxr's cargo would take the repository's Cargo.toml for its workspace.
         let seed = seed_folder(&python, &ctx.root)?;
-        let root =
-            seed.parent().and_then(Path::parent).ok_or("the seed folder has no parent")?.join("waits-evcxr");
+        let root = seed.parent().ok_or("the seed folder has no parent")?.join("waits-evcxr");
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).map_err(|e| format!("cannot make {}: {e}", root.display()))?;
         if let Scratch::Seeded = kind {
