@@ -2,7 +2,8 @@
 //! 2 or 3 processes (through scripts/launch.sh) that runs the test's body as
 //! its ranks. Proves that every collective agrees with the in-process
 //! backend, that an all-reduce through shared memory is the rank-order sum
-//! one process computes, that the chapters' DDP (your exercises included) gives the same
+//! one process computes (and, for buffers from `alloc_buffer`, without a
+//! copy), that the chapters' DDP (your exercises included) gives the same
 //! steps as one process on the global batch, that the training run resumes
 //! bitwise after a kill, and that no failure leaves the job hanging.
 //!
@@ -26,3 +27,5 @@ mod failures;
 mod shared_memory;
 #[path = "mpi/training.rs"]
 mod training;
+#[path = "mpi/zero_copy.rs"]
+mod zero_copy;

@@ -3,7 +3,10 @@
 //! benchmark starts itself twice under scripts/launch.sh (mpirun): once
 //! through the node's shared memory (src/dist/mpi/shm.rs, the default) and
 //! once with `DDP_MPI_SHM=off` (Open MPI's own collectives), and prints one
-//! Markdown table of both, with the load average before and after.
+//! Markdown table of both, with the load average before and after. Through
+//! shared memory it times two tensors: a plain one (copied into the window
+//! and back) and a buffer from `alloc_buffer`, as DDP's buckets get, summed
+//! where it lies (src/dist/mpi/shm/regions.rs).
 //!
 //! Run: cargo run --release --features mpi --example bench_collectives -- --backend mpi
 //!      cargo run --release --features mpi --example bench_collectives -- --backend mpi \
@@ -112,11 +115,21 @@ mod with_mpi {
     fn time_on_ranks(pg: dist::Group, args: &Args) -> anyhow::Result<()> {
         tch::set_num_threads(1); // one core per rank, as the training run on MPI
         let path = std::env::var(RANK_MARKER).unwrap_or_default();
-        let through_before = dist::mpi::shared_memory_all_reduces();
-        for &mib in &args.sizes_mib {
+        let shm = std::env::var("DDP_MPI_SHM").as_deref() != Ok("off");
+        let before = (dist::mpi::shared_memory_all_reduces(), dist::mpi::zero_copy_all_reduces());
+        let tensors: &[(&str, bool)] = match shm {
+            true => &[("plain tensor, copied", false), ("alloc_buffer, in place", true)],
+            false => &[("plain tensor", false)],
+        };
+        for (&mib, &(tensor, shared)) in
+            args.sizes_mib.iter().flat_map(|m| tensors.iter().map(move |t| (m, t)))
+        {
             let numel = (mib * 1024.0 * 1024.0 / 4.0) as i64;
             anyhow::ensure!(numel > 0, "every size must hold at least one f32");
-            let mut t = Tensor::ones([numel], (Kind::Float, Device::Cpu));
+            let mut t = match shared {
+                true => pg.alloc_buffer(numel as usize, Kind::Float, Device::Cpu)?,
+                false => Tensor::zeros([numel], (Kind::Float, Device::Cpu)),
+            };
             let mut times = Vec::with_capacity(args.rounds);
             for round in 0..args.warmup + args.rounds {
                 _ = t.fill_(1.0);
@@ -136,7 +149,7 @@ mod with_mpi {
                 let copy = memcpy_time(numel, args);
                 let gbps = |secs: f64| (numel * 4) as f64 / secs / 1e9;
                 println!(
-                    "| {mib} MiB | {path} | {:.3} | {:.2} | {:.3} | {:.2} | {:.2}x |",
+                    "| {mib} MiB | {path}: {tensor} | {:.3} | {:.2} | {:.3} | {:.2} | {:.2}x |",
                     reduce * 1e3,
                     gbps(reduce),
                     copy * 1e3,
@@ -145,10 +158,12 @@ mod with_mpi {
                 );
             }
         }
-        let through = dist::mpi::shared_memory_all_reduces() - through_before;
+        let through = dist::mpi::shared_memory_all_reduces() - before.0;
+        let in_place = dist::mpi::zero_copy_all_reduces() - before.1;
+        let wanted = shm && pg.world_size() > 1;
         anyhow::ensure!(
-            (through > 0) == (std::env::var("DDP_MPI_SHM").as_deref() != Ok("off")),
-            "{through} all_reduces went through shared memory on the {path} run"
+            (through > 0) == shm && (in_place > 0) == wanted,
+            "{through} all_reduces went through the window and {in_place} in place on the {path} run"
         );
         Ok(())
     }

@@ -98,7 +98,7 @@ impl GradientBuckets {
         let layout = planner(&metas, caps.cap_bytes, caps.first_cap_bytes);
         layout::check_plan(&metas, &layout).map_err(BucketingError::BadPlan)?;
         check_same_layout(pg, caps, &layout)?;
-        Ok(GradientBuckets::allocate(params, layout, caps))
+        GradientBuckets::allocate(pg, params, layout, caps).map_err(BucketingError::Dist)
     }
 }
 // ANCHOR_END: gradient_buckets

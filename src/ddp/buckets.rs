@@ -60,8 +60,16 @@ impl GradientBuckets {
     /// Zeroed buffers for `layout`, and each member's place in them: the one
     /// walk over the members' offsets, made once per layout. The layout
     /// must hold every parameter of `params` once (`layout::check_plan`).
-    pub(super) fn allocate(params: &[Named], layout: Vec<Bucket>, caps: BucketCaps) -> Self {
-        let buffers = layout.iter().map(|b| Tensor::zeros([b.numel as i64], (b.kind, b.device))).collect(); // [numel] each
+    /// Through `pg.alloc_buffer`, a collective every rank reaches with the
+    /// same layout: on MPI, memory the node's ranks share, summed in place.
+    pub(super) fn allocate(
+        pg: &dyn ProcessGroup,
+        params: &[Named],
+        layout: Vec<Bucket>,
+        caps: BucketCaps,
+    ) -> Result<Self, DistError> {
+        let buffers =
+            layout.iter().map(|b| pg.alloc_buffer(b.numel, b.kind, b.device)).collect::<Result<_, _>>()?;
         let mut slots = vec![SlotPlace { bucket: 0, offset: 0, numel: 0 }; params.len()];
         for (bucket, members) in layout.iter().enumerate() {
             let mut offset = 0;
@@ -71,7 +79,7 @@ impl GradientBuckets {
                 offset += numel;
             }
         }
-        GradientBuckets { layout, buffers, slots, caps }
+        Ok(GradientBuckets { layout, buffers, slots, caps })
     }
 
     /// The layout, in the order the buckets are all-reduced.
@@ -206,7 +214,7 @@ impl GradientBuckets {
                 grad.defined() && grad.data_ptr() == self.slot(i).data_ptr()
             })
             .collect();
-        *self = GradientBuckets::allocate(params, layout, self.caps);
+        *self = GradientBuckets::allocate(pg, params, layout, self.caps)?;
         (0..params.len()).filter(|&i| installed[i]).try_for_each(|i| self.install(pg, i, params))
     }
 }

@@ -218,6 +218,22 @@ pub trait ProcessGroup: Send + Sync {
         Err(DistError::Invalid { rank: self.rank(), op: "new_group".into(), detail })
     }
 
+    /// A zeroed, flat tensor of `numel` elements for all-reduces that this
+    /// group may carry faster: PyTorch's and NCCL's "symmetric memory". A
+    /// collective: every rank calls it with the same sizes, in the same
+    /// order. The MPI backend places CPU buffers in memory that every rank
+    /// of the node maps, and reduces them there without copying
+    /// (`src/dist/mpi/shm/regions.rs`); the default is a plain tensor.
+    #[track_caller]
+    fn alloc_buffer(&self, numel: usize, kind: tch::Kind, device: tch::Device) -> Result<Tensor, DistError> {
+        let op = "alloc_buffer".to_string();
+        Tensor::f_zeros([numel as i64], (kind, device)).map_err(|cause| DistError::Torch {
+            rank: self.rank(),
+            op,
+            cause,
+        })
+    }
+
     /// What this rank has sent so far through this group handle.
     fn stats(&self) -> CommStats;
 }

@@ -4,6 +4,8 @@
 //! every `optimizer.step` it checks both claims of the book: every process
 //! holds bitwise the same parameters (all-gathered and compared), and they
 //! equal one process trained on the whole global batch, within TOLERANCE.
+//! The finished wrapper's buckets come from `alloc_buffer` and must be
+//! all-reduced in place, in the node's shared memory.
 
 use ddp_workbook::ch03_averaging::{self as ch03};
 use ddp_workbook::ch04_accumulation::{self as ch04};
@@ -118,6 +120,7 @@ fn chapter_7(pg: &Group) -> anyhow::Result<()> {
     let sampler = DistributedSampler::for_group(pg.as_ref(), GLOBAL_BATCH * STEPS as i64, false, 0, false)?;
     let shard = ch07::shard(&sampler);
     let rows_per_step = (GLOBAL_BATCH / pg.world_size() as i64) as usize;
+    let in_place_before = ddp_workbook::dist::mpi::zero_copy_all_reduces();
     for (step, expected) in expected.iter().enumerate() {
         let mine = &shard[step * rows_per_step..(step + 1) * rows_per_step];
         let micro: Vec<&[i64]> = mine.chunks(rows_per_step / 2).collect();
@@ -126,6 +129,13 @@ fn chapter_7(pg: &Group) -> anyhow::Result<()> {
         })?;
         check(pg.as_ref(), "chapter 7", ddp.parameters(), expected, step + 1)?;
     }
+    // Its buckets come from alloc_buffer: every one summed in place, every step.
+    let (in_place, buckets) =
+        (ddp_workbook::dist::mpi::zero_copy_all_reduces() - in_place_before, ddp.buckets().len());
+    anyhow::ensure!(
+        in_place >= (STEPS * buckets) as u64,
+        "{in_place} all-reduces went in place in shared memory; want at least {STEPS} steps x {buckets} buckets"
+    );
     Ok(())
 }
 

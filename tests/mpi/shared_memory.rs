@@ -18,12 +18,12 @@ use crate::harness::{launch, on_ranks};
 /// Elements per call: 1 (fewer than the ranks), primes, 1.2 and 2.4 MB of
 /// float32 and float64 (more than the first window of 1 MiB: it must grow
 /// twice), then small again.
-const SIZES: [i64; 6] = [1, 7, 1000, 65_537, 300_001, 5];
+pub(crate) const SIZES: [i64; 6] = [1, 7, 1000, 65_537, 300_001, 5];
 
 /// Rank `rank`'s values for a call of `numel` elements: floats of spread
 /// magnitudes (whose sum depends on the order of the additions), cut to
 /// `kind`.
-fn values(rank: usize, numel: i64, kind: Kind) -> Tensor {
+pub(crate) fn values(rank: usize, numel: i64, kind: Kind) -> Tensor {
     with_seed(1300 + rank as i64 + numel, || {
         let opts = (Kind::Double, Device::Cpu);
         let spread = Tensor::randn([numel], opts) * Tensor::randn([numel], opts).exp() * 50.0;
@@ -36,7 +36,7 @@ fn values(rank: usize, numel: i64, kind: Kind) -> Tensor {
 }
 
 /// The calls each test makes: (kind, operation).
-const CALLS: [(Kind, ReduceOp); 11] = [
+pub(crate) const CALLS: [(Kind, ReduceOp); 11] = [
     (Kind::Float, ReduceOp::Sum),
     (Kind::Float, ReduceOp::Avg),
     (Kind::Float, ReduceOp::Max),
@@ -52,7 +52,7 @@ const CALLS: [(Kind, ReduceOp); 11] = [
 
 /// What one process computes for the call: rank 0's tensor, then each
 /// next rank's folded in, one element-wise operation at a time.
-fn in_rank_order(size: usize, numel: i64, kind: Kind, op: ReduceOp) -> Tensor {
+pub(crate) fn in_rank_order(size: usize, numel: i64, kind: Kind, op: ReduceOp) -> Tensor {
     let mut acc = values(0, numel, kind);
     for rank in 1..size {
         let next = values(rank, numel, kind);

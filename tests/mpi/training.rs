@@ -2,7 +2,8 @@
 //! same final checkpoint file, byte for byte, as the same run on 2 rank
 //! threads (the in-process backend); killed with SIGKILL after a checkpoint
 //! and resumed, it runs only the steps after that checkpoint and ends
-//! bitwise where the uninterrupted run ends. Reaching the accuracy target
+//! bitwise where the uninterrupted run ends; its DDP's buckets are summed
+//! in place in shared memory (`alloc_buffer`). Reaching the accuracy target
 //! is the runner's `mpi` check: the full run of examples/train.rs under
 //! scripts/launch.sh.
 
@@ -55,6 +56,9 @@ fn rank_of_a_job(pg: ddp_workbook::dist::Group) -> anyhow::Result<()> {
     // run being deterministic, would end with the same bytes).
     let first = outcome.last_step + 1 - outcome.losses.len();
     println!("{}", ran_steps(rank, first, outcome.last_step));
+    // DDP's buckets came from alloc_buffer: summed in place in shared memory.
+    let in_place = ddp_workbook::dist::mpi::zero_copy_all_reduces();
+    anyhow::ensure!(in_place > 0, "rank {rank}: no all-reduce went in place in shared memory");
     Ok(())
 }
 

@@ -15,6 +15,10 @@
 //!   never arrived, every later call fails with `Broken`, and the job must
 //!   end (`super::run` aborts it). How it breaks and ends, keeping every
 //!   buffer MPI may still write into, is in `engine/failures.rs`.
+//!
+//! Also here: `engine/point_to_point.rs` (send and recv, each behind its
+//! signature) and `engine/agreed.rs` (the blocking calls, made only once
+//! every rank has agreed on them: new_group, alloc_buffer).
 
 use std::collections::VecDeque;
 use std::sync::mpsc::Receiver;
@@ -24,10 +28,11 @@ use std::time::{Duration, Instant};
 use super::ffi::{self, Comm};
 use super::job::{Action, Active, Done, Job, Reply};
 use super::shm::Node;
-use crate::dist::call::group_list_problem;
 use crate::dist::DistError;
 
+mod agreed;
 mod failures;
+mod point_to_point;
 #[cfg(test)]
 mod tests;
 
@@ -136,8 +141,8 @@ impl Engine {
         }
         let comm = &mut self.comms[active.job.comm];
         let posted = match active.job.action {
-            Action::Send { dst, .. } => send_side(&mut active, dst, comm.raw),
-            Action::Recv { src, .. } => receive_side(&mut active, src, comm.raw),
+            Action::Send { dst, .. } => point_to_point::send_side(&mut active, dst, comm.raw),
+            Action::Recv { src, .. } => point_to_point::receive_side(&mut active, src, comm.raw),
             _ => return comm.queue.push_back(active),
         };
         match posted {
@@ -211,27 +216,18 @@ impl Engine {
                 Err(message) => return Err((Box::new(comm.queue.pop_front().expect("front")), message)),
             }
         }
-        let through_node = self.node.as_ref().filter(|node| node.takes(front));
+        let through_node = self.node.as_ref().filter(|node| node.takes(front) || node.shares(front));
         if through_node.is_some_and(|node| node.busy) {
-            return Ok(false); // the window holds the previous call until every rank is done with it
+            return Ok(false); // the node's previous call must end on every rank first
         }
-        let through_node = through_node.is_some();
-        let (mut active, raw) = (comm.queue.pop_front().expect("front"), comm.raw);
+        let through_node = through_node.is_some_and(|node| node.takes(front));
+        let (active, raw) = (comm.queue.pop_front().expect("front"), comm.raw);
         if let Some(detail) = disagreement(&active, comm) {
             let (rank, op) = (self.world_rank, active.job.name.clone());
             self.finish_later(c, active, Err(DistError::Mismatch { rank, op, detail }));
             return Ok(true);
         }
-        if let Action::NewGroup { ranks } = &active.job.action {
-            let ranks = ranks.clone();
-            return match self.split(c, &active.job.name, &ranks) {
-                Ok(reply) => {
-                    self.finish_later(c, active, reply);
-                    Ok(true)
-                }
-                Err(message) => Err((Box::new(active), message)),
-            };
-        }
+        let Some(mut active) = self.made_after_agreement(c, active)? else { return Ok(true) };
         let posted = match (through_node, self.node.as_mut()) {
             (true, Some(node)) => node.start(&mut active),
             _ => active.post(raw),
@@ -246,7 +242,7 @@ impl Engine {
     }
 
     /// Ends `active` with `result` once its requests (signature sends) have completed.
-    fn finish_later(&mut self, c: usize, mut active: Active, result: Result<Reply, DistError>) {
+    pub(super) fn finish_later(&mut self, c: usize, mut active: Active, result: Result<Reply, DistError>) {
         active.preset = Some(result);
         self.comms[c].running.push(active);
     }
@@ -259,58 +255,6 @@ impl Engine {
         };
         active.job.done.set(result);
     }
-
-    /// A receive got what it expected: the sender's dtype and shape, and
-    /// as many bytes as the tensor holds.
-    fn received_as_expected(&self, c: usize, active: &Active) -> Result<(), DistError> {
-        let Action::Recv { into, src } = &active.job.action else { return Ok(()) };
-        let mismatch =
-            |detail| DistError::Mismatch { rank: self.world_rank, op: active.job.name.clone(), detail };
-        let src = self.comms[c].global[*src];
-        let mine = String::from_utf8_lossy(&active.own_signature).into_owned();
-        if let Some((_, theirs)) = active.first_difference(&active.own_signature) {
-            let me = self.world_rank;
-            return Err(mismatch(format!("rank {src} sent {theirs} but rank {me} receives into {mine}")));
-        }
-        match active.received {
-            Some(bytes) if bytes != super::job::byte_len(into) => {
-                let (me, want) = (self.world_rank, super::job::byte_len(into));
-                Err(mismatch(format!(
-                    "rank {src} sent {bytes} bytes but rank {me} receives into {mine} ({want} bytes)"
-                )))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// new_group, once every rank agreed on the list: check it (every rank
-    /// reaches the same verdict), then split the communicator.
-    fn split(&mut self, c: usize, name: &str, ranks: &[usize]) -> Result<Result<Reply, DistError>, String> {
-        let comm = &self.comms[c];
-        if let Some(detail) = group_list_problem(ranks, comm.global.len()) {
-            return Ok(Err(DistError::Invalid { rank: self.world_rank, op: name.to_string(), detail }));
-        }
-        let position = ranks.iter().position(|&r| r == comm.rank);
-        let global: Vec<usize> = ranks.iter().map(|&r| comm.global[r]).collect();
-        let Some(raw) = ffi::split(comm.raw, position)? else { return Ok(Ok(Reply::Group(None))) };
-        let rank = position.expect("a member gets a communicator");
-        let fresh = CommState { raw, rank, global: global.clone(), queue: VecDeque::new(), running: vec![] };
-        self.comms.push(fresh);
-        Ok(Ok(Reply::Group(Some((self.comms.len() - 1, rank, global)))))
-    }
-}
-
-/// The sender's side of a point-to-point call: the signature (dtype and
-/// shape), then the data.
-fn send_side(active: &mut Active, dst: usize, comm: Comm) -> Result<(), String> {
-    active.send_signature(dst, ffi::TAG_P2P_SIGNATURE, comm)?;
-    active.post(comm)
-}
-
-/// The receiver's side: the sender's signature, then the data.
-fn receive_side(active: &mut Active, src: usize, comm: Comm) -> Result<(), String> {
-    active.receive_signature(src, ffi::TAG_P2P_SIGNATURE, comm)?;
-    active.post(comm)
 }
 
 // ANCHOR: disagreement

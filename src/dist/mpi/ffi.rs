@@ -15,7 +15,8 @@ use tch::{Kind, Tensor};
 
 mod window;
 pub(crate) use window::{
-    all_gather_blocking, allocate_shared, iall_max, min_blocking, node_of, split_by, SharedWindow,
+    all_gather_blocking, allocate_shared, bcast_bytes_blocking, iall_max, min_blocking, node_of, split_by,
+    SharedWindow,
 };
 
 use crate::dist::ReduceOp;

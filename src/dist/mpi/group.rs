@@ -8,13 +8,15 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::engine::Command;
 use super::ffi;
-use super::job::{Action, Done, Job, Reply};
+use super::job::{byte_len, Action, Done, Job, Reply};
 use crate::dist::call::{Call, Op};
 use crate::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
+
+mod checks;
 
 /// What every handle of one process shares: the line to the communication
 /// thread and the settings.
@@ -71,38 +73,6 @@ impl MpiProcessGroup {
         move |cause| DistError::Torch { rank, op, cause }
     }
 
-    /// Rejects what MPI cannot carry, before any peer waits.
-    fn check_tensor(&self, op: &str, tensor: &Tensor) -> Result<(), DistError> {
-        if !tensor.defined() {
-            return Err(self.invalid(op, "the tensor is undefined (a gradient that was never computed?)"));
-        }
-        if tensor.device() != Device::Cpu {
-            let detail = format!("the mpi backend moves CPU tensors, got one on {:?}: use the nccl backend for GPUs, or `.to(Device::Cpu)`", tensor.device());
-            return Err(self.invalid(op, detail));
-        }
-        if ffi::datatype(tensor.kind()).is_none() {
-            return Err(self.invalid(op, format!("the mpi backend cannot carry {:?} tensors", tensor.kind())));
-        }
-        Ok(())
-    }
-
-    fn check_rank(&self, op: &str, what: &str, peer: usize) -> Result<(), DistError> {
-        if peer >= self.global.len() {
-            return Err(
-                self.invalid(op, format!("{what} {peer} is not a rank of a group of {}", self.global.len()))
-            );
-        }
-        Ok(())
-    }
-
-    fn check_reduction(&self, op: &str, tensor: &Tensor, reduce: ReduceOp) -> Result<(), DistError> {
-        let kind = tensor.kind();
-        if reduce == ReduceOp::Avg && !crate::dist::is_float(kind) {
-            return Err(self.invalid(op, format!("avg needs a floating-point tensor, got {kind:?}")));
-        }
-        ffi::reduction(kind, reduce).map(|_| ()).map_err(|detail| self.invalid(op, detail))
-    }
-
     /// The next collective's name ("all_reduce(sum) of Float[4] (call #3)")
     /// and, in debug mode, the signature its peers must match.
     #[track_caller]
@@ -140,10 +110,6 @@ impl MpiProcessGroup {
     }
 }
 
-fn bytes(tensor: &Tensor) -> u64 {
-    (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64
-}
-
 /// The tensor itself when it is contiguous (MPI reads and writes its
 /// memory: no copy), else a contiguous copy to copy back afterwards.
 fn contiguous(tensor: &Tensor) -> Result<(Tensor, bool), tch::TchError> {
@@ -171,7 +137,7 @@ impl ProcessGroup for MpiProcessGroup {
         self.check_rank("broadcast", "root", root)?;
         self.count(|s| {
             s.broadcast += 1;
-            s.collective_bytes += bytes(tensor);
+            s.collective_bytes += byte_len(tensor) as u64;
         });
         let (buf, copied) = contiguous(tensor).map_err(self.torch("broadcast"))?;
         let (name, signature) = self.name(Op::Broadcast { root }, Some(tensor), false);
@@ -187,7 +153,7 @@ impl ProcessGroup for MpiProcessGroup {
         self.check_reduction("all_reduce", tensor, op)?;
         self.count(|s| {
             s.all_reduce += 1;
-            s.collective_bytes += bytes(tensor);
+            s.collective_bytes += byte_len(tensor) as u64;
         });
         let (mut buf, copied) = contiguous(tensor).map_err(self.torch("all_reduce"))?;
         let (name, signature) = self.name(Op::AllReduce(op), Some(tensor), false);
@@ -215,7 +181,7 @@ impl ProcessGroup for MpiProcessGroup {
         self.check_tensor("all_gather", tensor)?;
         self.count(|s| {
             s.all_gather += 1;
-            s.collective_bytes += bytes(tensor);
+            s.collective_bytes += byte_len(tensor) as u64;
         });
         let (input, _) = contiguous(tensor).map_err(self.torch("all_gather"))?;
         let size = self.global.len() as i64;
@@ -240,7 +206,7 @@ impl ProcessGroup for MpiProcessGroup {
         self.check_reduction("reduce_scatter", tensor, op)?;
         self.count(|s| {
             s.reduce_scatter += 1;
-            s.collective_bytes += bytes(tensor);
+            s.collective_bytes += byte_len(tensor) as u64;
         });
         let (input, _) = contiguous(tensor).map_err(self.torch("reduce_scatter"))?;
         let mut shape = tensor.size();
@@ -272,7 +238,7 @@ impl ProcessGroup for MpiProcessGroup {
         let data = tch::no_grad(|| tensor.f_contiguous()?.f_detach_copy()).map_err(self.torch(&op))?;
         self.count(|s| {
             s.send += 1;
-            s.p2p_bytes_sent += bytes(tensor);
+            s.p2p_bytes_sent += byte_len(tensor) as u64;
         });
         let signature = format!("{:?}{:?}", tensor.kind(), tensor.size());
         self.submit(Action::Send { data, dst }, op, Some(signature)).map(|_| ())
@@ -305,6 +271,26 @@ impl ProcessGroup for MpiProcessGroup {
                 Ok(Some(Arc::new(MpiProcessGroup::new(self.shared.clone(), comm, rank, global, label))))
             }
             _ => Ok(None),
+        }
+    }
+
+    /// A buffer in the node's shared memory (`shm/regions.rs`: when, and
+    /// why it is never freed), or a plain zeroed tensor where there is none.
+    fn alloc_buffer(&self, numel: usize, kind: Kind, device: Device) -> Result<Tensor, DistError> {
+        let (call, seq) = (
+            format!("alloc_buffer of {kind:?}[{numel}] on {device:?}"),
+            self.next_seq.fetch_add(1, Ordering::SeqCst),
+        );
+        let name = format!("{call} (call #{seq}{})", self.label);
+        let shareable = device == Device::Cpu && ffi::datatype(kind).is_some() && numel > 0;
+        let bytes = numel * kind.elt_size_in_bytes();
+        // Always signed: the allocation blocks, safe once every rank is there.
+        match self.call(Action::AllocBuffer { bytes, shareable }, name, Some(call))? {
+            // SAFETY: `numel` elements of `kind` at `at`, mapped until the process exits.
+            Reply::Buffer(Some(at)) => {
+                Ok(unsafe { Tensor::from_blob(at as *const u8, &[numel as i64], &[1], kind, Device::Cpu) })
+            }
+            _ => Tensor::f_zeros([numel as i64], (kind, device)).map_err(self.torch("alloc_buffer")),
         }
     }
 

@@ -18,6 +18,9 @@ pub(crate) const SIGNATURE_BYTES: usize = 1024;
 
 /// What a call asks for. Every tensor is a contiguous CPU tensor that the
 /// job owns (a shallow clone of the caller's, or a copy) until it ends.
+/// `AllocBuffer` asks for `bytes` in memory every rank of the node maps, if
+/// `shareable` (a CPU tensor of a dtype MPI carries) and the node allows it
+/// (`shm/regions.rs`); the engine makes it once every rank agreed.
 pub(crate) enum Action {
     Broadcast { buf: Tensor, root: usize },
     AllReduce { buf: Tensor, op: ReduceOp },
@@ -25,6 +28,7 @@ pub(crate) enum Action {
     ReduceScatter { input: Tensor, output: Tensor, op: ReduceOp },
     Barrier,
     NewGroup { ranks: Vec<usize> },
+    AllocBuffer { bytes: usize, shareable: bool },
     Send { data: Tensor, dst: usize },
     Recv { into: Tensor, src: usize },
 }
@@ -48,6 +52,9 @@ pub(crate) enum Reply {
     /// new_group: for members, the new communicator's index, this
     /// process's rank in it and its members' world ranks.
     Group(Option<(usize, usize, Vec<usize>)>),
+    /// alloc_buffer: the address of this rank's buffer in the node's shared
+    /// memory, or `None` where the caller makes a plain tensor.
+    Buffer(Option<usize>),
 }
 
 /// Where the communication thread leaves a call's result for its caller.
@@ -156,7 +163,8 @@ impl Active {
                     ffi::ireduce_scatter(input, output, kind_of(input)?, reduce, comm)?
                 }
                 Barrier => ffi::ibarrier(comm)?,
-                NewGroup { .. } => return Ok(()), // split by the engine, blocking, after agreement
+                // Made by the engine, blocking, after agreement.
+                NewGroup { .. } | AllocBuffer { .. } => return Ok(()),
                 Send { data, dst } => {
                     ffi::isend(data.data_ptr(), byte_len(data), *dst, ffi::TAG_P2P_DATA, comm)?
                 }

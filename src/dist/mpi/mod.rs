@@ -37,6 +37,8 @@
 //! - the world's all-reduces between ranks on one machine go through an
 //!   MPI-3 shared-memory window (`shm.rs`), summed in rank order like the
 //!   in-process backend; `DDP_MPI_SHM=off` keeps Open MPI's collectives.
+//!   Buffers from `alloc_buffer` (DDP's buckets) are summed where they lie,
+//!   with no copy (`shm/regions.rs`).
 //!
 //! Files: `group.rs` (the `ProcessGroup`), `engine.rs` (the communication
 //! thread; `engine/failures.rs`, how it breaks and ends), `job.rs` (one
@@ -190,6 +192,13 @@ impl Drop for MpiWorld {
 /// benchmark sees which path its calls took.
 pub fn shared_memory_all_reduces() -> u64 {
     shm::THROUGH_WINDOW.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// How many all-reduces this process has finished in place in buffers from
+/// `alloc_buffer` (`shm/regions.rs`), with no copy: none of them counted by
+/// [`shared_memory_all_reduces`].
+pub fn zero_copy_all_reduces() -> u64 {
+    shm::ZERO_COPY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 // ANCHOR: run

@@ -19,6 +19,11 @@
 //!    Every element is computed once, by one rank, so every rank gets the
 //!    same bits, and rank order makes them the in-process backend's bits.
 //!
+//! Buffers from `alloc_buffer` skip both copies: when the agreement shows
+//! that every rank passed one at the same place, each rank sums its slice
+//! of every rank's buffer where it lies and writes it back into all of
+//! them, between two barriers (`shm/regions.rs`).
+//!
 //! Across nodes the sum stays in world-rank order: the nodes hold blocks of
 //! consecutive ranks (`Node::join` checks it, or the job keeps Open MPI's
 //! collectives), so node k's slices start from the partial sum of nodes
@@ -37,17 +42,21 @@
 //! by the communication thread like every other request, so the call keeps
 //! its deadline: a rank that never arrives times it out.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use tch::{Device, Kind, Tensor};
 
 use super::ffi::{self, Comm, Request, SharedWindow};
 use super::job::{Action, Active};
-use crate::dist::{DistError, ReduceOp};
+use crate::dist::DistError;
 
+mod chain;
 mod fold;
 mod join;
+mod regions;
 mod slices;
+
+pub(crate) use regions::ZERO_COPY;
 
 /// All-reduces this process finished through the window: the tests' proof
 /// that the path was taken ([`super::shared_memory_all_reduces`]).
@@ -72,6 +81,8 @@ pub(crate) struct Node {
     window: Option<SharedWindow>,
     /// Bytes of each rank's segment (the result area is as large).
     capacity: usize,
+    /// The buffers of `alloc_buffer`, mapped by every rank (`regions.rs`).
+    regions: Vec<regions::Region>,
     /// A call is using the window: the next one waits for it.
     pub busy: bool,
 }
@@ -86,14 +97,21 @@ enum Phase {
     SendNext,
     Broadcast,
     ResultIn,
+    /// The zero-copy path (`regions.rs`): every buffer complete, then every slice summed.
+    Filled,
+    Summed,
 }
 
 /// One all-reduce going through the window.
 pub(crate) struct Progress {
     phase: Phase,
     request: Request,
-    /// The agreement's buffer: [bytes, -bytes], then their maxima.
-    sizes: Box<[i64; 2]>,
+    /// The agreement's buffer, then its maxima: [bytes, -bytes, region,
+    /// -region, offset, -offset], the last four -1 for a tensor outside
+    /// every region of `alloc_buffer`.
+    sizes: Box<[i64; 6]>,
+    /// Where the buffer lies in a region, on every rank: (index, offset).
+    zero_copy: Option<(usize, usize)>,
 }
 
 impl Node {
@@ -102,12 +120,29 @@ impl Node {
         active.job.comm == 0 && matches!(active.job.action, Action::AllReduce { .. })
     }
 
+    /// Whether this call is an `alloc_buffer` (whose blocking collectives
+    /// must wait until no call uses the node's communicator).
+    pub fn shares(&self, active: &Active) -> bool {
+        matches!(active.job.action, Action::AllocBuffer { .. })
+    }
+
     /// Starts `active` (an all-reduce of the world): the agreement.
     pub fn start(&mut self, active: &mut Active) -> Result<(), String> {
         let Action::AllReduce { buf, .. } = &active.job.action else { unreachable!("Node::takes") };
-        let bytes = super::job::byte_len(buf) as i64;
-        let mut progress =
-            Progress { phase: Phase::Agree, request: null(), sizes: Box::new([bytes, -bytes]) };
+        let bytes = super::job::byte_len(buf);
+        if let Some(detail) = chain::too_large_for_the_leaders(bytes, self.spread) {
+            // Every rank refuses the same call alike, before any data moves.
+            let (rank, op) = (self.world_rank, active.job.name.clone());
+            active.preset = Some(Err(DistError::Invalid { rank, op, detail }));
+            return Ok(());
+        }
+        let bytes = bytes as i64;
+        let (region, offset) = match self.place(buf) {
+            Some((index, offset)) if !self.spread => (index as i64, offset as i64),
+            _ => (-1, -1),
+        };
+        let sizes = Box::new([bytes, -bytes, region, -region, offset, -offset]);
+        let mut progress = Progress { phase: Phase::Agree, request: null(), sizes, zero_copy: None };
         // SAFETY: the sizes live in `progress`, boxed, until the request completes.
         progress.request = unsafe { ffi::iall_max(&mut progress.sizes[..], self.comm)? };
         active.shm = Some(progress);
@@ -139,25 +174,22 @@ impl Node {
                         self.busy = false;
                         return Ok(true);
                     }
+                    let agreed =
+                        |k: usize| (progress.sizes[k] == -progress.sizes[k + 1]).then_some(progress.sizes[k]);
+                    if let (Some(region @ 0..), Some(offset)) = (agreed(2), agreed(4)) {
+                        progress.zero_copy = Some((region as usize, offset as usize));
+                        progress.phase = self.barrier(progress, Phase::Filled)?;
+                        continue;
+                    }
                     self.make_room(most as usize)?;
                     let call = self.call(buf, *op)?;
                     call.copy_in();
-                    match &self.leaders {
-                        Some((leaders, index, _)) if !self.first => {
-                            let bytes = call.bytes();
-                            // SAFETY: the result area lives in the window, which outlives the call.
-                            progress.request = unsafe {
-                                ffi::irecv(
-                                    call.result.cast(),
-                                    bytes,
-                                    index - 1,
-                                    ffi::TAG_NODE_CHAIN,
-                                    *leaders,
-                                )?
-                            };
+                    match self.receive_previous(&call)? {
+                        Some(request) => {
+                            progress.request = request;
                             Phase::ReceivePrevious
                         }
-                        _ => self.barrier(progress, Phase::DataIn)?,
+                        None => self.barrier(progress, Phase::DataIn)?,
                     }
                 }
                 Phase::ReceivePrevious => {
@@ -179,32 +211,28 @@ impl Node {
                     self.call(buf, *op)?.copy_out(false);
                     return Ok(self.finished());
                 }
-                Phase::Reduced | Phase::SendNext => match self.leaders {
-                    Some((leaders, index, nodes)) => {
+                Phase::Reduced | Phase::SendNext => match self.leaders.is_some() {
+                    true => {
                         self.sync()?;
                         let call = self.call(buf, *op)?;
-                        if progress.phase == Phase::Reduced && index + 1 < nodes {
-                            // SAFETY: the result area outlives the call; nobody writes it until the send completes.
-                            progress.request = unsafe {
-                                ffi::isend(
-                                    call.result.cast(),
-                                    call.bytes(),
-                                    index + 1,
-                                    ffi::TAG_NODE_CHAIN,
-                                    leaders,
-                                )?
-                            };
-                            Phase::SendNext
-                        } else {
-                            let all = call.result_bytes();
-                            // SAFETY: as above; the last leader sends it, the others receive into it.
-                            progress.request = unsafe { ffi::ibcast(&all, sys_u8(), nodes - 1, leaders)? };
-                            Phase::Broadcast
-                        }
+                        let (request, next) = self.pass_on(&call, progress.phase)?;
+                        progress.request = request;
+                        next
                     }
-                    None => self.barrier(progress, Phase::ResultIn)?,
+                    false => self.barrier(progress, Phase::ResultIn)?,
                 },
                 Phase::Broadcast => self.barrier(progress, Phase::ResultIn)?,
+                Phase::Filled => {
+                    fence(Ordering::SeqCst); // the other ranks' stores, published before the barrier
+                    self.sum_in_place(buf, *op, progress.zero_copy.expect("agreed on a region"))?;
+                    self.barrier(progress, Phase::Summed)?
+                }
+                Phase::Summed => {
+                    fence(Ordering::SeqCst);
+                    ZERO_COPY.fetch_add(1, Ordering::Relaxed);
+                    self.busy = false;
+                    return Ok(true);
+                }
                 Phase::ResultIn => {
                     self.sync()?;
                     self.call(buf, *op)?.copy_out(true);
@@ -223,6 +251,7 @@ impl Node {
 
     /// Publishes this rank's stores, then starts the node's barrier.
     fn barrier(&self, progress: &mut Progress, next: Phase) -> Result<Phase, String> {
+        fence(Ordering::SeqCst); // for the regions, which are no MPI window
         self.sync()?;
         // SAFETY: a barrier has no buffer.
         progress.request = unsafe { ffi::ibarrier(self.comm)? };
@@ -231,30 +260,6 @@ impl Node {
 
     fn sync(&self) -> Result<(), String> {
         self.window.as_ref().map_or(Ok(()), SharedWindow::sync)
-    }
-
-    /// Grows the window to hold `bytes` per rank. Every rank of the node
-    /// saw the same size in the agreement, so all make this collective call.
-    fn make_room(&mut self, bytes: usize) -> Result<(), String> {
-        if bytes <= self.capacity && self.window.is_some() {
-            return Ok(());
-        }
-        if let Some(old) = self.window.take() {
-            old.free()?;
-        }
-        let capacity = bytes.max(1).next_multiple_of(1 << 20);
-        // Rank 0's segment holds its input and then the result area.
-        let own = if self.rank == 0 { 2 * capacity } else { capacity };
-        self.window = Some(ffi::allocate_shared(self.comm, own, self.size)?);
-        self.capacity = capacity;
-        Ok(())
-    }
-
-    fn call<'a>(&'a self, buf: &'a Tensor, op: ReduceOp) -> Result<slices::Call<'a>, String> {
-        let window = self.window.as_ref().expect("make_room made the window");
-        let result = window.segments[0].wrapping_add(self.capacity);
-        let inputs = &window.segments[..];
-        slices::Call::new(buf, op, self.rank, self.size, inputs, result)
     }
 }
 

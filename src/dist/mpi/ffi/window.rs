@@ -63,6 +63,14 @@ pub(crate) fn min_blocking(comm: Comm, value: i64) -> Result<i64, String> {
     Ok(least)
 }
 
+/// Root's `bytes` into every member's (blocking: used once every member
+/// agreed to make the call, by `alloc_buffer`).
+pub(crate) fn bcast_bytes_blocking(comm: Comm, bytes: &mut [u8], root: usize) -> Result<(), String> {
+    let (ptr, count) = (bytes.as_mut_ptr().cast::<c_void>(), bytes.len() as c_int);
+    // SAFETY: `count` bytes at `ptr`, alive for the blocking call.
+    check(unsafe { sys::MPI_Bcast(ptr, count, sys::RSMPI_UINT8_T, root as c_int, comm) }, "MPI_Bcast")
+}
+
 /// Starts the element-wise maximum of `values` over `comm`, in place.
 ///
 /// # Safety

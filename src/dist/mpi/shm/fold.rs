@@ -28,39 +28,38 @@ impl Add for Bf16 {
     }
 }
 
-/// `acc[e] = ((parts[0][e] + parts[1][e]) + parts[2][e]) + ...` when
-/// `fresh`, else `acc[e] = ((acc[e] + parts[0][e]) + ...)`, for `len`
-/// elements; then, with `own`, the result copied there too.
+/// For `len` elements, `((first[e] + parts[1][e]) + parts[2][e]) + ...`,
+/// where `first` is `start` when given (the previous nodes' partial sum)
+/// and `parts[0]` otherwise (then `parts[1..]` follow), written to every
+/// pointer of `outs`. Each block is summed in a buffer of its own, then
+/// written out, so an output may be one of the inputs: the zero-copy path
+/// writes each rank's slice back into the buffers it read it from.
 ///
 /// # Safety
-/// Every pointer is valid for `len` elements of `T`; `acc` overlaps none of
-/// `parts` nor `own`; `own` may be one of `parts` (read before written).
+/// Every pointer is valid for `len` elements of `T`; no other thread of
+/// this process writes them during the call.
 pub(super) unsafe fn sum_in_order<T: Copy + Add<Output = T>>(
-    acc: *mut T,
+    start: Option<*const T>,
     parts: &[*const T],
     len: usize,
-    fresh: bool,
-    own: Option<*mut T>,
+    outs: &[*mut T],
 ) {
-    let mut start = 0;
-    while start < len {
-        let n = BLOCK.min(len - start);
-        {
-            let out = std::slice::from_raw_parts_mut(acc.add(start), n);
-            let mut rest = parts.iter().map(|p| std::slice::from_raw_parts(p.add(start), n));
-            if fresh {
-                let first = rest.next().expect("a node has a rank");
-                out.copy_from_slice(first);
-            }
-            for part in rest {
-                for (x, y) in out.iter_mut().zip(part) {
-                    *x = *x + *y;
-                }
+    let mut acc: Vec<T> = Vec::with_capacity(BLOCK.min(len));
+    let mut at = 0;
+    while at < len {
+        let n = BLOCK.min(len - at);
+        let mut rest = parts.iter().copied();
+        let first = start.unwrap_or_else(|| rest.next().expect("a node has a rank"));
+        acc.clear();
+        acc.extend_from_slice(std::slice::from_raw_parts(first.add(at), n));
+        for part in rest {
+            for (x, y) in acc.iter_mut().zip(std::slice::from_raw_parts(part.add(at), n)) {
+                *x = *x + *y;
             }
         }
-        if let Some(own) = own {
-            std::ptr::copy_nonoverlapping(acc.add(start), own.add(start), n);
+        for &out in outs {
+            std::ptr::copy_nonoverlapping(acc.as_ptr(), out.add(at), n);
         }
-        start += n;
+        at += n;
     }
 }

@@ -71,6 +71,7 @@ impl Node {
             spread,
             window: None,
             capacity: 0,
+            regions: vec![],
             busy: false,
         }))
     }

@@ -1,14 +1,44 @@
 //! src/dist/mpi/shm/slices.rs: the memory work of one shared-memory
-//! all-reduce (`shm.rs` says when each part runs): copying this rank's
-//! tensor into the window, reducing this rank's slice over the node's ranks
-//! in rank order, and copying the result out. Try it:
+//! all-reduce (`shm.rs` says when each part runs): growing the window,
+//! copying this rank's tensor into it, reducing this rank's slice over the
+//! node's ranks in rank order, and copying the result out; or, for buffers
+//! from `alloc_buffer`, reducing the slice in place in every rank's. Try it:
 //! `cargo test --features mpi --test mpi shared_memory`.
 
 use tch::{Device, Kind, Tensor};
 
+use super::super::ffi;
 use super::fold::{sum_in_order, Bf16};
+use super::Node;
 
 use crate::dist::ReduceOp;
+
+impl Node {
+    /// Grows the window to hold `bytes` per rank. Every rank of the node
+    /// saw the same size in the agreement, so all make this collective call.
+    pub(super) fn make_room(&mut self, bytes: usize) -> Result<(), String> {
+        if bytes <= self.capacity && self.window.is_some() {
+            return Ok(());
+        }
+        if let Some(old) = self.window.take() {
+            old.free()?;
+        }
+        let capacity = bytes.max(1).next_multiple_of(1 << 20);
+        // Rank 0's segment holds its input and then the result area.
+        let own = if self.rank == 0 { 2 * capacity } else { capacity };
+        self.window = Some(ffi::allocate_shared(self.comm, own, self.size)?);
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// This call's tensor and the window, as `slices::Call` works on them.
+    pub(super) fn call<'a>(&'a self, buf: &'a Tensor, op: ReduceOp) -> Result<Call<'a>, String> {
+        let window = self.window.as_ref().expect("make_room made the window");
+        let result = window.segments[0].wrapping_add(self.capacity);
+        let inputs = &window.segments[..];
+        Call::new(buf, op, self.rank, self.size, inputs, result)
+    }
+}
 
 /// One call's tensor and the window, as this rank sees them.
 pub(crate) struct Call<'a> {
@@ -102,23 +132,42 @@ impl<'a> Call<'a> {
     /// received there. With `write_own`, this rank's tensor gets its slice
     /// of the result too (it is final on a single node).
     pub fn reduce_own_slice(&self, first_node: bool, write_own: bool) -> Result<(), tch::TchError> {
-        let (offset, len) = (self.bounds[self.rank], self.bounds[self.rank + 1] - self.bounds[self.rank]);
-        if len == 0 {
-            return Ok(());
-        }
-        let at = |base: *mut u8| base.wrapping_add(offset * self.elt);
+        let at = |base: *mut u8| base.wrapping_add(self.bounds[self.rank] * self.elt);
         let parts: Vec<*mut u8> = (0..self.inputs.len())
             .map(|r| at(if r == self.rank { self.own() } else { self.inputs[r] }))
             .collect();
-        let (acc, own) = (at(self.result), write_own.then(|| at(self.own())));
+        let mut outs = vec![at(self.result)];
+        if write_own {
+            outs.push(at(self.own()));
+        }
+        self.fold((!first_node).then(|| at(self.result)), &parts, &outs)
+    }
+
+    /// The zero-copy path (`regions.rs`), where `inputs` are every rank's
+    /// buffer itself: this rank's slice of all of them, reduced in rank
+    /// order, written back into each.
+    pub fn reduce_own_slice_everywhere(&self) -> Result<(), tch::TchError> {
+        let at = self.bounds[self.rank] * self.elt;
+        let buffers: Vec<*mut u8> = self.inputs.iter().map(|base| base.wrapping_add(at)).collect();
+        self.fold(None, &buffers, &buffers)
+    }
+
+    /// This rank's slice: `start` (if any) then every part folded in, in
+    /// order, with the call's operation; the result written to every `outs`.
+    /// Every pointer is where the slice starts in its memory.
+    fn fold(&self, start: Option<*mut u8>, parts: &[*mut u8], outs: &[*mut u8]) -> Result<(), tch::TchError> {
+        let len = self.bounds[self.rank + 1] - self.bounds[self.rank];
+        if len == 0 {
+            return Ok(());
+        }
         let sum = matches!(self.op, ReduceOp::Sum | ReduceOp::Avg);
-        // SAFETY: the slice lies in the tensor, in every segment and in the
-        // result area; the result area overlaps no input.
+        // SAFETY: the slice lies in every tensor, segment, buffer and result
+        // area passed in, each alive for the whole call.
         let folded = unsafe {
             match self.buf.kind() {
-                Kind::Float if sum => sum_as::<f32>(acc, &parts, len, first_node, own),
-                Kind::Double if sum => sum_as::<f64>(acc, &parts, len, first_node, own),
-                Kind::BFloat16 if sum => sum_as::<Bf16>(acc, &parts, len, first_node, own),
+                Kind::Float if sum => sum_as::<f32>(start, parts, len, outs),
+                Kind::Double if sum => sum_as::<f64>(start, parts, len, outs),
+                Kind::BFloat16 if sum => sum_as::<Bf16>(start, parts, len, outs),
                 _ => false,
             }
         };
@@ -126,26 +175,29 @@ impl<'a> Call<'a> {
             return Ok(());
         }
         // Elsewhere libtorch, in pieces below its grain size (32768), so
-        // that it never wakes its thread pool.
-        let mut start = 0;
-        while start < len {
-            let n = PIECE.min(len - start);
-            let views: Vec<Tensor> = parts.iter().map(|&p| self.view(p, start, n)).collect();
-            let acc = self.view(acc, start, n);
+        // that it never wakes its thread pool; each piece folded in a
+        // tensor of its own, then written out (an output may be an input).
+        let acc = Tensor::f_empty([PIECE.min(len) as i64], (self.buf.kind(), Device::Cpu))?;
+        let mut at = 0;
+        while at < len {
+            let n = PIECE.min(len - at);
+            let acc = acc.narrow(0, 0, n as i64);
             tch::no_grad(|| -> Result<(), tch::TchError> {
-                let mut rest = views.iter();
-                if first_node {
-                    acc.shallow_clone().f_copy_(rest.next().expect("a node has a rank"))?;
-                }
+                let mut rest = parts.iter().map(|&p| self.view(p, at, n));
+                let first = match start {
+                    Some(start) => self.view(start, at, n),
+                    None => rest.next().expect("a node has a rank"),
+                };
+                acc.shallow_clone().f_copy_(&first)?;
                 for part in rest {
-                    combine(self.op, &acc.shallow_clone(), part, &acc)?;
+                    combine(self.op, &acc, &part, &acc)?;
                 }
-                if let Some(own) = own {
-                    self.view(own, start, n).f_copy_(&acc)?;
+                for &out in outs {
+                    self.view(out, at, n).f_copy_(&acc)?;
                 }
                 Ok(())
             })?;
-            start += n;
+            at += n;
         }
         Ok(())
     }
@@ -159,14 +211,14 @@ const PIECE: usize = 16384;
 /// # Safety
 /// As [`sum_in_order`]'s.
 unsafe fn sum_as<T: Copy + std::ops::Add<Output = T>>(
-    acc: *mut u8,
+    start: Option<*mut u8>,
     parts: &[*mut u8],
     len: usize,
-    fresh: bool,
-    own: Option<*mut u8>,
+    outs: &[*mut u8],
 ) -> bool {
     let parts: Vec<*const T> = parts.iter().map(|&p| p.cast_const().cast()).collect();
-    sum_in_order(acc.cast(), &parts, len, fresh, own.map(|p| p.cast()));
+    let outs: Vec<*mut T> = outs.iter().map(|&p| p.cast()).collect();
+    sum_in_order(start.map(|p| p.cast_const().cast()), &parts, len, &outs);
     true
 }
 
