@@ -6,14 +6,15 @@
 //! the ranks, a view at an offset and calls in flight together, on 1 to 4
 //! processes. A counter proves the path was taken; ranks that pass
 //! different offsets, or a plain tensor, get the right sum through the copy
-//! path instead; one process (no peer on its node) gets plain tensors.
+//! path instead; one process (no peer on its node) gets plain tensors, and
+//! so does `DDP_MPI_SHM=copy`.
 //!
 //! Run: cargo test --features mpi --test mpi zero_copy
 
 use ddp_workbook::dist::{self, ProcessGroup, ReduceOp};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 
-use crate::harness::on_ranks;
+use crate::harness::{launch, on_ranks};
 use crate::shared_memory::{in_rank_order, values, CALLS, SIZES};
 
 /// A buffer from `alloc_buffer` holding this rank's values for the call.
@@ -141,4 +142,26 @@ fn different_offsets_or_a_plain_tensor_on_one_rank_take_the_copy_path_on_2_proce
 fn different_offsets_or_a_plain_tensor_on_one_rank_take_the_copy_path_on_3_processes() {
     let name = "zero_copy::different_offsets_or_a_plain_tensor_on_one_rank_take_the_copy_path_on_3_processes";
     on_ranks(3, name, disagreeing_ranks_take_the_copy_path);
+}
+
+#[test]
+fn with_shared_memory_copy_the_buffers_are_plain_and_copied_through_the_window() {
+    let name = "zero_copy::with_shared_memory_copy_the_buffers_are_plain_and_copied_through_the_window";
+    let Some(job) = launch(2, name, &[("DDP_MPI_SHM", "copy")], |pg| {
+        let before = (dist::mpi::zero_copy_all_reduces(), dist::mpi::shared_memory_all_reduces());
+        let calls = every_shared_call_is_the_rank_order_sum(pg.as_ref())?;
+        let after = (dist::mpi::zero_copy_all_reduces(), dist::mpi::shared_memory_all_reduces());
+        let (in_place, copied) = (after.0 - before.0, after.1 - before.1);
+        anyhow::ensure!((in_place, copied) == (0, calls), "{in_place} in place, {copied} copied of {calls}");
+        Ok(())
+    }) else {
+        return;
+    };
+    let finished = job.output.matches("mpi-test-rank-finished").count();
+    assert!(
+        job.success && finished == 2,
+        "exit {:?}, {finished} of 2 ranks finished:\n{}",
+        job.code,
+        job.output
+    );
 }

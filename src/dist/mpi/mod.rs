@@ -38,7 +38,7 @@
 //!   MPI-3 shared-memory window (`shm.rs`), summed in rank order like the
 //!   in-process backend; `DDP_MPI_SHM=off` keeps Open MPI's collectives.
 //!   Buffers from `alloc_buffer` (DDP's buckets) are summed where they lie,
-//!   with no copy (`shm/regions.rs`).
+//!   with no copy (`shm/regions.rs`); `DDP_MPI_SHM=copy` makes them plain.
 //!
 //! Files: `group.rs` (the `ProcessGroup`), `engine.rs` (the communication
 //! thread; `engine/failures.rs`, how it breaks and ends), `job.rs` (one

@@ -81,8 +81,10 @@ pub(crate) struct Node {
     window: Option<SharedWindow>,
     /// Bytes of each rank's segment (the result area is as large).
     capacity: usize,
-    /// The buffers of `alloc_buffer`, mapped by every rank (`regions.rs`).
+    /// The buffers of `alloc_buffer`, mapped by every rank (`regions.rs`),
+    /// and whether this rank may make them (`DDP_MPI_SHM` is not "copy").
     regions: Vec<regions::Region>,
+    buffers: bool,
     /// A call is using the window: the next one waits for it.
     pub busy: bool,
 }

@@ -6,13 +6,18 @@
 use super::super::ffi::{self, Comm};
 use super::Node;
 
-/// Whether `DDP_MPI_SHM` lets the backend use shared memory: unset, "on"
-/// or "1" yes, "off" or "0" no (Open MPI's collectives, as before).
-fn wanted_from_env() -> Result<bool, String> {
+/// What `DDP_MPI_SHM` lets the backend use: (shared memory at all, the
+/// buffers of `alloc_buffer` in it). Unset, "on" or "1": both; "copy": the
+/// window only, every tensor copied in and out (to measure what the
+/// buffers save); "off" or "0": neither (Open MPI's collectives).
+fn wanted_from_env() -> Result<(bool, bool), String> {
     match std::env::var("DDP_MPI_SHM").as_deref() {
-        Err(_) | Ok("") | Ok("on") | Ok("1") => Ok(true),
-        Ok("off") | Ok("0") => Ok(false),
-        Ok(other) => Err(format!("DDP_MPI_SHM={other:?} is not \"on\" or \"off\"; fix it or unset it")),
+        Err(_) | Ok("") | Ok("on") | Ok("1") => Ok((true, true)),
+        Ok("copy") => Ok((true, false)),
+        Ok("off") | Ok("0") => Ok((false, false)),
+        Ok(other) => {
+            Err(format!("DDP_MPI_SHM={other:?} is not \"on\", \"copy\" or \"off\"; fix it or unset it"))
+        }
     }
 }
 
@@ -35,7 +40,7 @@ impl Node {
     /// whose ranks are not consecutive (`mpirun --map-by node`), where the
     /// sum could not stay in rank order.
     pub fn join(world: Comm, world_rank: usize, world_size: usize) -> Result<Option<Node>, String> {
-        let wanted = wanted_from_env()?;
+        let (wanted, buffers) = wanted_from_env()?;
         let mut comm = ffi::node_of(world, world_rank)?;
         if let Some(per_node) = pretend_node_size()? {
             // Tests only: cut this machine into nodes of `per_node` ranks, so
@@ -71,6 +76,7 @@ impl Node {
             spread,
             window: None,
             capacity: 0,
+            buffers,
             regions: vec![],
             busy: false,
         }))

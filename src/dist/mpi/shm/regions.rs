@@ -24,8 +24,9 @@
 //!
 //! A plain tensor instead (every rank alike, decided from what all agreed
 //! on): with one rank on the node, several nodes, a sub-group, a GPU or a
-//! dtype MPI does not carry, `DDP_MPI_SHM=off`, or when the file cannot be
-//! made or mapped on some rank (each failing rank says why on stderr).
+//! dtype MPI does not carry, `DDP_MPI_SHM=off` or `copy` (to measure what
+//! in place saves) on some rank, or when some rank cannot make or map the
+//! file (it says why on stderr).
 //!
 //! The all-reduce (`shm.rs` drives it): when the agreement shows every rank
 //! passed the same region at the same offset, a barrier (every buffer is
@@ -68,7 +69,9 @@ impl Node {
         let stride = bytes.next_multiple_of(4096);
         let total = stride * self.size;
         let mut name = [0u8; NAME_BYTES];
-        if self.rank == 0 {
+        // DDP_MPI_SHM=copy on some rank: no name here, or no mapping there;
+        // either way every rank learns it below, and all make plain tensors.
+        if self.rank == 0 && self.buffers {
             match create(total) {
                 Ok(made) => name[..made.len()].copy_from_slice(made.as_bytes()),
                 Err(why) => warn(&why),
@@ -76,7 +79,7 @@ impl Node {
         }
         ffi::bcast_bytes_blocking(self.comm, &mut name, 0)?;
         let made = String::from_utf8_lossy(&name).trim_end_matches('\0').to_string();
-        let mapped = match made.is_empty() {
+        let mapped = match made.is_empty() || !self.buffers {
             true => None,
             false => map(&made, total).map_err(|why| warn(&why)).ok(),
         };
