@@ -57,6 +57,18 @@ pub fn on_ranks(np: usize, test: &str, body: impl FnOnce(Group) -> anyhow::Resul
     );
 }
 
+/// One `#[test]` per `name: processes` line, each running `body` as the
+/// ranks of a job of that many processes (`module` is the test's module).
+macro_rules! tests_on_processes {
+    ($module:literal, $body:expr; $($name:ident: $np:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            crate::harness::on_ranks($np, concat!($module, "::", stringify!($name)), $body);
+        }
+    )*};
+}
+pub(crate) use tests_on_processes;
+
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }

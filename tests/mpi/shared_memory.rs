@@ -13,7 +13,7 @@ use ddp_workbook::dist::{self, DistError, ProcessGroup, ReduceOp};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::with_seed;
 
-use crate::harness::{launch, on_ranks};
+use crate::harness::{launch, tests_on_processes};
 
 /// Elements per call: 1 (fewer than the ranks), primes, 1.2 and 2.4 MB of
 /// float32 and float64 (more than the first window of 1 MiB: it must grow
@@ -119,16 +119,7 @@ fn through_the_window(pg: dist::Group) -> anyhow::Result<()> {
     Ok(())
 }
 
-macro_rules! on_processes {
-    ($($name:ident: $np:expr;)*) => {$(
-        #[test]
-        fn $name() {
-            on_ranks($np, concat!("shared_memory::", stringify!($name)), through_the_window);
-        }
-    )*};
-}
-
-on_processes! {
+tests_on_processes! { "shared_memory", through_the_window;
     every_all_reduce_is_the_rank_order_sum_on_1_process: 1;
     every_all_reduce_is_the_rank_order_sum_on_2_processes: 2;
     every_all_reduce_is_the_rank_order_sum_on_3_processes: 3;

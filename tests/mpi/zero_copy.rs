@@ -14,7 +14,7 @@
 use ddp_workbook::dist::{self, ProcessGroup, ReduceOp};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 
-use crate::harness::{launch, on_ranks};
+use crate::harness::{launch, on_ranks, tests_on_processes};
 use crate::shared_memory::{in_rank_order, values, CALLS, SIZES};
 
 /// A buffer from `alloc_buffer` holding this rank's values for the call.
@@ -86,16 +86,7 @@ fn in_place(pg: dist::Group) -> anyhow::Result<()> {
     Ok(())
 }
 
-macro_rules! on_processes {
-    ($($name:ident: $np:expr;)*) => {$(
-        #[test]
-        fn $name() {
-            on_ranks($np, concat!("zero_copy::", stringify!($name)), in_place);
-        }
-    )*};
-}
-
-on_processes! {
+tests_on_processes! { "zero_copy", in_place;
     shared_buffers_on_1_process_are_plain_tensors_and_sum_right: 1;
     shared_buffers_are_summed_in_place_in_rank_order_on_2_processes: 2;
     shared_buffers_are_summed_in_place_in_rank_order_on_3_processes: 3;
