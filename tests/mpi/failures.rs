@@ -52,6 +52,30 @@ fn a_stalled_rank_ends_the_job_at_the_deadline_naming_it() {
     assert!(job.elapsed >= Duration::from_secs(3), "ended before the deadline: {:?}", job.elapsed);
 }
 
+// In place in shared memory (`alloc_buffer`), with no signature exchange
+// before it: the first sync of the call itself must keep the deadline.
+#[test]
+fn a_stalled_rank_ends_an_all_reduce_in_shared_memory_at_the_deadline_naming_it() {
+    let name = "failures::a_stalled_rank_ends_an_all_reduce_in_shared_memory_at_the_deadline_naming_it";
+    let env = [("DDP_TIMEOUT_SECS", "3"), ("DDP_DEBUG", "off")];
+    let Some(job) = launch(2, name, &env, |pg| {
+        let mut t = pg.alloc_buffer(4, Kind::Float, Device::Cpu)?;
+        if pg.rank() == 1 {
+            std::thread::sleep(Duration::from_secs(120)); // stuck before the call
+        }
+        pg.all_reduce(&mut t, ReduceOp::Sum)?;
+        Ok(())
+    }) else {
+        return;
+    };
+    assert_ended(
+        &job,
+        Duration::from_secs(3) + START_UP,
+        &["rank 0 of 2 failed", "waiting for rank(s) [1]", "all_reduce(sum) of Float[4] (call #1)"],
+    );
+    assert!(job.elapsed >= Duration::from_secs(3), "ended before the deadline: {:?}", job.elapsed);
+}
+
 #[test]
 fn a_panicking_rank_ends_the_job_at_once_naming_it() {
     let name = "failures::a_panicking_rank_ends_the_job_at_once_naming_it";
