@@ -28,6 +28,9 @@ fn run_twin(script: &str) {
     command
         .current_dir(venv::repo())
         .args(["--standalone", "--nproc-per-node", "2"])
+        // No folder of per-rank logs: torchrun makes a /tmp/torchelastic_*
+        // one per run and never removes it; the twins' output comes here.
+        .args(["--log-dir", "/dev/null"])
         .arg(format!("scripts/torch/twins/{script}"))
         .env("GLOO_SOCKET_IFNAME", "lo") // the loopback: gloo on one machine, no network needed
         .env("OMP_NUM_THREADS", "1"); // two ranks on two cores

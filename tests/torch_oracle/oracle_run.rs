@@ -67,6 +67,9 @@ fn run_oracle(world_size: usize) -> Result<PathBuf, String> {
     let started = Instant::now();
     let mut child = Command::new(&torchrun)
         .args(["--standalone", "--nproc-per-node", &world_size.to_string()])
+        // No folder of per-rank logs: torchrun makes a /tmp/torchelastic_*
+        // one per run and never removes it; the oracle's output goes to the log.
+        .args(["--log-dir", "/dev/null"])
         .arg(repo().join("scripts/torch/oracle.py"))
         .arg(&dir)
         // Loopback only; one thread per process, as the workbook's ranks.
