@@ -59,6 +59,8 @@ pub fn on_ranks(np: usize, test: &str, body: impl FnOnce(Group) -> anyhow::Resul
 
 /// One `#[test]` per `name: processes` line, each running `body` as the
 /// ranks of a job of that many processes (`module` is the test's module).
+/// (tests/torch_oracle.rs includes this file too, and makes no such tests.)
+#[allow(unused_macros)]
 macro_rules! tests_on_processes {
     ($module:literal, $body:expr; $($name:ident: $np:expr;)*) => {$(
         #[test]
@@ -67,6 +69,7 @@ macro_rules! tests_on_processes {
         }
     )*};
 }
+#[allow(unused_imports)]
 pub(crate) use tests_on_processes;
 
 fn repo() -> &'static Path {
