@@ -32,8 +32,8 @@
 # 10.77.0.K/24. Nothing is added to this machine's own network: no address
 # outside those namespaces, no route, no interface. Each node sees its own
 # folder /run/ddpwb/NAME/disks/nodeK at /run/ddpwb/NAME/local (a disk no
-# other node can read), and TCP gives up on a silent peer after about 6 s
-# (net.ipv4.tcp_retries2 = 4 in each namespace; Linux's default, 15, waits
+# other node can read), and TCP gives up on a silent peer after about 3 s
+# (net.ipv4.tcp_retries2 = 3 in each namespace; Linux's default, 15, waits
 # about 15 minutes), so a node that drops off cannot keep a job alive.
 # Needs root, ip and tc (iproute2), unshare and mount (util-linux).
 
@@ -115,7 +115,8 @@ set_rate() {
 }
 
 # A namespace's network settings: TCP gives up on a silent peer after about
-# 6 s, and no IPv6 (the nodes talk on their IPv4 subnet only).
+# 3 s (0.2 + 0.4 + 0.8 + 1.6 s of retransmissions), and no IPv6 (the nodes
+# talk on their IPv4 subnet only).
 tune() {
     ip netns exec "$1" sysctl -q -w net.ipv4.tcp_retries2=3 net.ipv6.conf.all.disable_ipv6=1 \
         net.ipv6.conf.default.disable_ipv6=1

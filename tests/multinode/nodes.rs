@@ -5,6 +5,7 @@
 //! --max-restarts for a program that writes no checkpoint.
 
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::cluster::{nodes_sh, repo, Cluster};
 
@@ -62,8 +63,13 @@ fn a_leftover_cluster_with_a_process_on_it_does_not_stop_the_next_up() {
         .stdin(Stdio::null())
         .spawn()
         .expect("a process on node 2");
+    let until = Instant::now() + Duration::from_secs(60);
     while cluster.processes(2).is_empty() {
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        // A stray that failed to start would otherwise be waited for forever.
+        let ended = stray.try_wait().expect("waiting for the stray process");
+        assert!(ended.is_none(), "scripts/nodes.sh exec node2 sleep 600 ended at once ({ended:?})");
+        assert!(Instant::now() < until, "the stray process did not appear on node 2 within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
     }
     nodes_sh(&["up", "--nodes", "2", "--slots", "1"]);
     assert!(cluster.processes(2).is_empty(), "the leftover process still runs on the new node 2");
