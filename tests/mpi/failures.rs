@@ -31,6 +31,13 @@ fn assert_ended(job: &Job, within: Duration, says: &[&str]) {
     }
 }
 
+/// A job whose rank 1 never reached the call (deadline 3 s) ended at the
+/// deadline, not before, saying `says`.
+fn assert_ended_at_the_deadline(job: &Job, says: &[&str]) {
+    assert_ended(job, Duration::from_secs(3) + START_UP, says);
+    assert!(job.elapsed >= Duration::from_secs(3), "ended before the deadline: {:?}", job.elapsed);
+}
+
 #[test]
 fn a_stalled_rank_ends_the_job_at_the_deadline_naming_it() {
     let name = "failures::a_stalled_rank_ends_the_job_at_the_deadline_naming_it";
@@ -44,12 +51,8 @@ fn a_stalled_rank_ends_the_job_at_the_deadline_naming_it() {
     }) else {
         return;
     };
-    assert_ended(
-        &job,
-        Duration::from_secs(3) + START_UP,
-        &["rank 0 of 2 failed", "waiting for rank(s) [1]", "all_reduce(sum) of Float[4] (call #0)"],
-    );
-    assert!(job.elapsed >= Duration::from_secs(3), "ended before the deadline: {:?}", job.elapsed);
+    let says = ["rank 0 of 2 failed", "waiting for rank(s) [1]", "all_reduce(sum) of Float[4] (call #0)"];
+    assert_ended_at_the_deadline(&job, &says);
 }
 
 // In place in shared memory (`alloc_buffer`), with no signature exchange
@@ -68,12 +71,8 @@ fn a_stalled_rank_ends_an_all_reduce_in_shared_memory_at_the_deadline_naming_it(
     }) else {
         return;
     };
-    assert_ended(
-        &job,
-        Duration::from_secs(3) + START_UP,
-        &["rank 0 of 2 failed", "waiting for rank(s) [1]", "all_reduce(sum) of Float[4] (call #1)"],
-    );
-    assert!(job.elapsed >= Duration::from_secs(3), "ended before the deadline: {:?}", job.elapsed);
+    let says = ["rank 0 of 2 failed", "waiting for rank(s) [1]", "all_reduce(sum) of Float[4] (call #1)"];
+    assert_ended_at_the_deadline(&job, &says);
 }
 
 #[test]
