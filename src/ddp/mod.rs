@@ -45,6 +45,7 @@ mod batch;
 mod bucketed;
 mod buckets;
 mod comm_hook;
+mod end_of_backward;
 mod layout;
 pub mod naive;
 mod no_sync;

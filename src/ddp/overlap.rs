@@ -19,7 +19,8 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::buckets::{EndOfBackward, FlatGroups, GradientBuckets};
+use super::buckets::{FlatGroups, GradientBuckets};
+use super::end_of_backward::EndOfBackward;
 use super::layout::{agree_on_order, Bucket};
 use super::overlap_record::{Launch, StepRecord};
 use crate::autograd::GradReadyHooks;
