@@ -18,10 +18,12 @@
 #   7. installs Open MPI and libclang with apt-get (as root, or through
 #      sudo), for the `mpi` feature: ranks as processes started by mpirun;
 #      and Chromium, for the suite's `browser` check of the book;
-#   8. installs mdBook, the tool that builds the book in chapters/;
+#   8. installs mdBook, the tool that builds the book in chapters/
+#      (compiled at opt-level 1: a few minutes on 2 cores);
 #   9. renders the book to book/ (open book/index.html);
 #  10. runs scripts/setup_notebooks.sh: the Rust Jupyter kernel (evcxr_jupyter,
-#      compiled once: 7-20 minutes on 2 cores), Jupyter in .venv, and the
+#      compiled once: the longest step on a bare machine),
+#      Jupyter in .venv, and the
 #      kernel's crate, prebuilt once so that a notebook's first cell does
 #      not compile tch and libtorch's bindings (about 1.5 minutes).
 # It prints each step's time ("[3/10] took 12s") and the total.
@@ -221,6 +223,11 @@ step_nccl_link() {
 # Where `cargo install` puts binaries.
 CARGO_BIN="${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}/bin"
 
+# mdBook compiled at opt-level 1, not release's 3: less CPU, and the same
+# book in the same second (README's set-up section: the numbers and the
+# commands). An mdbook 0.5.4 already installed, however compiled, is kept.
+MDBOOK_BUILD_ENV=(CARGO_PROFILE_RELEASE_OPT_LEVEL=1)
+
 step_mdbook() {
     local mdbook have=""
     mdbook="$(command -v mdbook || echo "$CARGO_BIN/mdbook")"
@@ -231,8 +238,8 @@ step_mdbook() {
         done_already "$have ($mdbook)"
     else
         [[ -n "$have" ]] && say "found $have; this project pins mdbook $MDBOOK_VERSION: replacing it"
-        say "installing mdbook $MDBOOK_VERSION with cargo install (compiles it: about 5 minutes on 2 cores)"
-        cargo install mdbook --version "$MDBOOK_VERSION" --locked ||
+        say "installing mdbook $MDBOOK_VERSION with ${MDBOOK_BUILD_ENV[*]} cargo install (compiles it: a few minutes on 2 cores)"
+        env "${MDBOOK_BUILD_ENV[@]}" cargo install mdbook --version "$MDBOOK_VERSION" --locked ||
             fail "cargo install mdbook --version $MDBOOK_VERSION --locked failed (see above)."
         done_already "mdbook $MDBOOK_VERSION installed in $CARGO_BIN"
     fi

@@ -6,8 +6,9 @@
 #
 # What it does (each step checks first and skips what is already done):
 #   1. installs the Jupyter kernel for Rust, evcxr_jupyter, at the pinned
-#      version with `cargo install --locked` (compiles it: 7 to 20 minutes on
-#      2 cores; skipped when that version is installed);
+#      version with `cargo install --locked` (compiles it: the longest step
+#      on a bare machine, see docs/tool-builds.md; skipped when that
+#      version is installed);
 #   2. adds rustup's rust-src component (evcxr needs it to infer the types of
 #      variables carried from one cell to the next);
 #   3. installs Jupyter (JupyterLab, nbclient, nbformat, pinned) into .venv;
@@ -36,6 +37,10 @@ cd "$REPO_ROOT"
 EVCXR_VERSION="0.22.0"
 EVCXR_MIN_RUST_MINOR=95
 JUPYTER_PACKAGES=("jupyterlab==4.6.6" "nbclient==0.11.0" "nbformat==5.11.1")
+# evcxr_jupyter keeps the release profile: at opt-level 1 or 0 it compiled
+# with less CPU, once, but every kernel ran slower: a notebook's first
+# output took about 2 s more CPU at 1 and 8 times as long at 0 (README's
+# set-up section: the numbers and the commands).
 
 VENV_PYTHON="$REPO_ROOT/.venv/bin/python"
 LIBTORCH_CONFIG="$REPO_ROOT/.cargo/libtorch.toml"
@@ -73,7 +78,7 @@ step_evcxr() {
              "Update it: rustup update stable, then run this script again."
     [[ -n "$have" ]] && say "found evcxr_jupyter $have; this project pins $EVCXR_VERSION: replacing it"
     say "installing evcxr_jupyter $EVCXR_VERSION with cargo install --locked"
-    say "(compiles it from source: 7 to 20 minutes on 2 cores, once)"
+    say "(compiles it from source, once: the longest step of set-up on a bare machine)"
     cargo install evcxr_jupyter --version "$EVCXR_VERSION" --locked ||
         fail "cargo install evcxr_jupyter --version $EVCXR_VERSION --locked failed (see above)." \
              "It needs a C compiler and linker: sudo apt-get install build-essential"
