@@ -289,8 +289,27 @@ remove_shared_cache_folders() {
     done
 }
 
+# The cache folders of checkouts that are gone (their `checkout` file names
+# a folder without this script: a deleted CI clone, say), about 1 GB each,
+# unless a kernel still holds one of their locks.
+remove_folders_of_gone_checkouts() {
+    local root="${XDG_CACHE_HOME:-$HOME/.cache}/ddp-workbook/evcxr" dir lock held
+    for dir in "$root"/*/; do
+        dir="${dir%/}"
+        [[ -f "$dir/checkout" && ! -f "$(cat "$dir/checkout")/scripts/setup_notebooks.sh" ]] || continue
+        held=""
+        for lock in "$dir"/*.lock; do
+            [[ -e "$lock" ]] && ! flock --nonblock "$lock" true && held=1
+        done
+        [[ -z "$held" ]] || continue
+        say "removing $dir: its checkout, $(cat "$dir/checkout"), is gone"
+        rm -rf "$dir"
+    done
+}
+
 step_prebuild() {
     remove_shared_cache_folders
+    remove_folders_of_gone_checkouts
     "$VENV_PYTHON" "$REPO_ROOT/scripts/notebook_kernel.py" prebuild ||
         fail "the notebook kernel could not build the crate (see above)." \
              "Run it again to see the error: .venv/bin/python scripts/notebook_kernel.py prebuild --force"
