@@ -129,9 +129,10 @@ fn worker(kind: Worker, args: &Args) {
             }
             Worker::AllReduce => {
                 for mib in all_reduce::SIZES_MIB {
-                    let seconds = all_reduce::time_all_reduce(pg.as_ref(), mib)?;
+                    let plain = all_reduce::time_all_reduce(pg.as_ref(), mib, false)?;
+                    let in_place = all_reduce::time_all_reduce(pg.as_ref(), mib, true)?;
                     if pg.rank() == 0 {
-                        println!("allreduce {mib} {seconds}");
+                        println!("allreduce {mib} {plain} {in_place}");
                     }
                 }
             }
