@@ -90,6 +90,22 @@ impl ReduceOp {
             ReduceOp::Product => "product",
         }
     }
+
+    /// `out = before op next`, element-wise, with libtorch's operations (bf16
+    /// widened, added and rounded; booleans or'ed); `out` may be `before` or
+    /// `next`. An average is summed here: the caller divides once, at the
+    /// end. Every backend that reduces in rank order folds through this one
+    /// function, so they all give the same bits: sums and products add and
+    /// multiply `next` by `before`, as the in-process backend first did.
+    pub(crate) fn combine(self, before: &Tensor, next: &Tensor, out: &Tensor) -> Result<(), tch::TchError> {
+        match self {
+            ReduceOp::Sum | ReduceOp::Avg => _ = next.f_add_out(out, before)?,
+            ReduceOp::Product => _ = next.f_mul_out(out, before)?,
+            ReduceOp::Min => _ = before.f_minimum_out(out, next)?,
+            ReduceOp::Max => _ = before.f_maximum_out(out, next)?,
+        }
+        Ok(())
+    }
 }
 
 /// How many calls of each kind this rank made, and how many bytes it handed

@@ -92,12 +92,7 @@ fn reduce_in_rank_order(inputs: &[Tensor], op: ReduceOp, size: usize) -> Result<
     // A fresh copy, so the in-place updates below never touch a rank's tensor.
     let mut acc = inputs[0].f_detach_copy()?;
     for x in &inputs[1..] {
-        match op {
-            ReduceOp::Sum | ReduceOp::Avg => _ = acc.f_add_(x)?,
-            ReduceOp::Product => _ = acc.f_mul_(x)?,
-            ReduceOp::Min => acc = acc.f_minimum(x)?,
-            ReduceOp::Max => acc = acc.f_maximum(x)?,
-        }
+        op.combine(&acc, x, &acc)?;
     }
     if op == ReduceOp::Avg {
         _ = acc.f_div_scalar_(size as f64)?;

@@ -108,13 +108,7 @@ impl SplitReduce {
         let last = views.len() - 1;
         tch::no_grad(|| {
             for k in 1..views.len() {
-                let (before, mut this) = (&views[k - 1], views[k].shallow_clone());
-                match self.op {
-                    ReduceOp::Sum | ReduceOp::Avg => _ = this.f_add_(before)?,
-                    ReduceOp::Product => _ = this.f_mul_(before)?,
-                    ReduceOp::Min => this.f_copy_(&before.f_minimum(&this)?)?,
-                    ReduceOp::Max => this.f_copy_(&before.f_maximum(&this)?)?,
-                }
+                self.op.combine(&views[k - 1], &views[k], &views[k])?;
             }
             if self.op == ReduceOp::Avg {
                 let mut result = views[last].shallow_clone();

@@ -190,7 +190,7 @@ impl<'a> Call<'a> {
                 };
                 acc.shallow_clone().f_copy_(&first)?;
                 for part in rest {
-                    combine(self.op, &acc, &part, &acc)?;
+                    self.op.combine(&acc, &part, &acc)?;
                 }
                 for &out in outs {
                     self.view(out, at, n).f_copy_(&acc)?;
@@ -220,20 +220,6 @@ unsafe fn sum_as<T: Copy + std::ops::Add<Output = T>>(
     let outs: Vec<*mut T> = outs.iter().map(|&p| p.cast()).collect();
     sum_in_order(start.map(|p| p.cast_const().cast()), &parts, len, &outs);
     true
-}
-
-/// `out = before op next`, with the in-process backend's operations (and so
-/// its bits): libtorch's add (bf16 widened, added, rounded; booleans or'ed),
-/// mul, minimum and maximum. An average is summed here and divided by the
-/// caller (`group.rs`), as on the MPI path.
-fn combine(op: ReduceOp, before: &Tensor, next: &Tensor, out: &Tensor) -> Result<(), tch::TchError> {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => _ = next.f_add_out(out, before)?,
-        ReduceOp::Product => _ = next.f_mul_out(out, before)?,
-        ReduceOp::Min => _ = before.f_minimum_out(out, next)?,
-        ReduceOp::Max => _ = before.f_maximum_out(out, next)?,
-    }
-    Ok(())
 }
 
 /// Copies `len` bytes from `from + at` to `to + at`.
