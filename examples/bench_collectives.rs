@@ -93,17 +93,19 @@ fn elements(mib: f64) -> i64 {
     (mib * 1024.0 * 1024.0 / 4.0) as i64 // f32
 }
 
-/// One memcpy of `mib` MiB, the median over `rounds`.
-fn memcpy_time(mib: f64, args: &Args) -> Duration {
-    let source = Tensor::ones([elements(mib)], (Kind::Float, Device::Cpu));
-    let mut target = Tensor::zeros([elements(mib)], (Kind::Float, Device::Cpu));
-    let times = (0..args.warmup + args.rounds)
+/// One memcpy of `numel` f32 (libtorch's copy_, on this thread), the
+/// median over `rounds` after `warmup`: the yardstick of both tables, the
+/// in-process one and the MPI one (`support/mpi_collectives.rs`).
+fn memcpy_time(numel: i64, warmup: usize, rounds: usize) -> Duration {
+    let source = Tensor::ones([numel], (Kind::Float, Device::Cpu));
+    let mut target = Tensor::zeros([numel], (Kind::Float, Device::Cpu));
+    let times = (0..warmup + rounds)
         .map(|_| {
             let started = Instant::now();
             target.copy_(&source);
             started.elapsed()
         })
-        .skip(args.warmup)
+        .skip(warmup)
         .collect();
     median(times)
 }
@@ -144,7 +146,7 @@ fn main() -> anyhow::Result<()> {
     let mut points = String::from("bytes\tranks\tall_reduce_s\tmemcpy_s\n");
     for &mib in &args.sizes_mib {
         let bytes = (elements(mib) * 4) as f64;
-        let copy = memcpy_time(mib, &args);
+        let copy = memcpy_time(elements(mib), args.warmup, args.rounds);
         for &world_size in &args.world_sizes {
             let measured = time_all_reduce(world_size, elements(mib), scheme, args.warmup, args.rounds)?;
             let reduce = measured.time;

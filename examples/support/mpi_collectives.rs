@@ -146,7 +146,7 @@ mod with_mpi {
             pg.all_reduce(&mut slowest, ReduceOp::Max)?;
             if pg.rank() == 0 {
                 let reduce = median(Vec::<f64>::try_from(&slowest)?);
-                let copy = memcpy_time(numel, args);
+                let copy = crate::memcpy_time(numel, args.warmup, args.rounds).as_secs_f64();
                 let gbps = |secs: f64| (numel * 4) as f64 / secs / 1e9;
                 println!(
                     "| {mib} MiB | {path}: {tensor} | {:.3} | {:.2} | {:.3} | {:.2} | {:.2}x |",
@@ -166,21 +166,6 @@ mod with_mpi {
             "{through} all_reduces went through the window and {in_place} in place on the {path} run"
         );
         Ok(())
-    }
-
-    /// One memcpy of `numel` f32 (libtorch's copy_, one thread), the median.
-    fn memcpy_time(numel: i64, args: &Args) -> f64 {
-        let source = Tensor::ones([numel], (Kind::Float, Device::Cpu));
-        let mut target = Tensor::zeros([numel], (Kind::Float, Device::Cpu));
-        let times = (0..args.warmup + args.rounds)
-            .map(|_| {
-                let started = Instant::now();
-                target.copy_(&source);
-                started.elapsed().as_secs_f64()
-            })
-            .skip(args.warmup)
-            .collect();
-        median(times)
     }
 
     /// The benchmarks' one median (`support/median.rs`), of times in seconds.
