@@ -1,4 +1,4 @@
-//! examples/bench_bf16.rs: what sending the gradients as bfloat16 saves
+//! What sending the gradients as bfloat16 saves
 //! (chapter 12). The tiny GPT on 2 in-process ranks behind the finished
 //! wrapper, one micro-batch of 16 sequences per rank, over a simulated link
 //! (50 µs, 1 Gbit/s by default), with the gradients sent in float32 (the

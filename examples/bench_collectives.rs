@@ -1,4 +1,4 @@
-//! examples/bench_collectives.rs: how fast the in-process backend's
+//! How fast the in-process backend's
 //! all_reduce is, next to the fastest thing that could move the same bytes:
 //! one memcpy of the tensor, measured in the same run. Prints a Markdown
 //! table: time per all_reduce (median of the slowest rank) and algorithm

@@ -1,4 +1,4 @@
-//! examples/bench_link.rs: what a real network link costs the gradient
+//! What a real network link costs the gradient
 //! sync. The tiny GPT, one rank per node, micro-batches of 16, buckets of
 //! 16 KiB (as bench_overlap); the naive, bucketed and overlapped syncs.
 //! Under mpirun on 2 nodes (`--backend mpi`) it measures tokens/s and the

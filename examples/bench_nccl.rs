@@ -1,4 +1,4 @@
-//! examples/bench_nccl.rs: the NCCL backend's all_reduce on this machine's
+//! The NCCL backend's all_reduce on this machine's
 //! GPUs: one rank per GPU, a float32 tensor of 4, 25 and 256 MiB, one SUM
 //! per round after a barrier; prints the median time of the slowest rank and
 //! the algorithm bandwidth (tensor bytes / time) and bus bandwidth

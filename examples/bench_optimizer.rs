@@ -1,4 +1,4 @@
-//! examples/bench_optimizer.rs: how long one AdamW step takes on the tiny
+//! How long one AdamW step takes on the tiny
 //! GPT of the training run (29 parameter tensors, 104,192 numbers), against
 //! the fastest it could be here: the same update on one flat tensor of the
 //! same size, a handful of libtorch calls; and against `torch.optim.AdamW`

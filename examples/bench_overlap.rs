@@ -1,4 +1,4 @@
-//! examples/bench_overlap.rs: what overlapping communication with backward
+//! What overlapping communication with backward
 //! hides. The tiny GPT on 2 in-process ranks, one micro-batch of 16
 //! sequences per rank, small buckets (16 KiB); the time of forward + backward + sync
 //! with three syncs: naive (one all-reduce per parameter, after backward),

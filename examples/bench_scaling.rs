@@ -1,4 +1,4 @@
-//! examples/bench_scaling.rs: the training run on 1, 2 and 4 ranks at the
+//! The training run on 1, 2 and 4 ranks at the
 //! same global batch (64 sequences per step), in alternating rounds: tokens
 //! per second, the speed against one rank, and where a step's time goes
 //! (data, forward, backward, gradient sync, optimizer). Prints two Markdown

@@ -1,4 +1,4 @@
-//! examples/bench_sync.rs: how long one gradient sync takes with chapter 3's
+//! How long one gradient sync takes with chapter 3's
 //! naive sync (one all-reduce per parameter), with chapter 5's buckets (one
 //! all-reduce per bucket, PyTorch's default caps, each gradient copied into
 //! its bucket and back), and with the finished library's buckets, in which

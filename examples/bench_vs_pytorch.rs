@@ -1,4 +1,4 @@
-//! examples/bench_vs_pytorch.rs: the workbook's training run against PyTorch's
+//! The workbook's training run against PyTorch's
 //! own DistributedDataParallel on the same work, in alternating rounds: the
 //! tiny GPT on the sorting task, 16 sequences per rank per micro-batch, 2
 //! micro-batches per step (no_sync on the first), AdamW, one libtorch thread

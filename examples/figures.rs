@@ -1,4 +1,4 @@
-//! examples/figures.rs: draws the book's figures, as SVG, into
+//! Draws the book's figures, as SVG, into
 //! `chapters/figures/`, each from the code path it shows (the library's
 //! planner, sampler, process groups), never by hand. docs/figures.md lists
 //! them all.

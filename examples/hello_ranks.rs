@@ -1,4 +1,4 @@
-//! examples/hello_ranks.rs: four ranks meet in three collectives. Run it: cargo run --example hello_ranks
+//! Four ranks meet in three collectives. Run it: cargo run --example hello_ranks
 //! As processes (chapter 9): cargo build --features mpi --example hello_ranks &&
 //!     scripts/launch.sh -np 4 target/debug/examples/hello_ranks --backend mpi
 //!

@@ -1,4 +1,4 @@
-//! examples/sharded_training.rs: chapter 7's whole loop on 2 ranks. Run: cargo run --release --example sharded_training
+//! Chapter 7's whole loop on 2 ranks. Run: cargo run --release --example sharded_training
 //!
 //! Two ranks (threads of this process) train the regression MLP of the
 //! chapters with the finished DDP library alone: a `DistributedSampler` per

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/bench_nodes.sh: what the link between two nodes costs the gradient
+# What the link between two nodes costs the gradient
 # sync, measured, and what chapter 5's α–β model and chapter 6's simulated
 # link predict for the same link. Writes the table that chapter 9 includes,
 # chapters/tables/multinode-link.md, with the machine and its load.

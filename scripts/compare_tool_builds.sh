@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/compare_tool_builds.sh: what a tool built by
+# What a tool built by
 # scripts/measure_tool_builds.sh costs when it runs, against the installed
 # one (~/.cargo/bin), so that a cheaper build can be checked to cost nothing
 # that matters.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh: the GPU check in one command (chapter 10). On a
+# The GPU check in one command (chapter 10). On a
 # machine with NVIDIA GPUs it runs every GPU test (tests/nccl.rs and
 # tests/gpu_threads.rs with --include-ignored), bench_nccl, the training run
 # on CUDA with one GPU and with every GPU (and on the CPU, for comparison),

@@ -1,4 +1,4 @@
-# scripts/gpu_check_steps.sh: the parts of scripts/gpu_check.sh that find
+# The parts of scripts/gpu_check.sh that find
 # the GPUs and the libraries, run one step, and write the report. Sourced by
 # it, not run on its own: scripts/gpu_check.sh --help says how to run it.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/jupyter.sh: opens JupyterLab on this workbook's notebooks, with
+# Opens JupyterLab on this workbook's notebooks, with
 # the kernel "Rust (ddp-workbook)" that every notebook asks for.
 # Run it from anywhere, after scripts/setup.sh:
 #     scripts/jupyter.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/launch.sh: start a program as N ranks, one process each, with Open
+# Start a program as N ranks, one process each, with Open
 # MPI's mpirun: the workbook's `torchrun`. Every argument but its own
 # --max-restarts goes to mpirun.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/measure_tool_builds.sh: how long `cargo install` takes to compile the
+# How long `cargo install` takes to compile the
 # two tools a bare machine's set-up builds (evcxr_jupyter and mdbook), under
 # the profiles scripts/setup.sh could use. Nothing installed is touched: each
 # variant builds into its own scratch folders under $SCRATCH (default

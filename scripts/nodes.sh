@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/nodes.sh: several "machines" on this one, for multi-node runs.
+# Several "machines" on this one, for multi-node runs.
 # Each node is a Linux network namespace with its own network stack, its own
 # hostname, its own /dev/shm and its own local disk; the nodes are joined by
 # virtual ethernet links through a bridge, each link optionally capped by a

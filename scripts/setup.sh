@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/setup.sh: installs everything ddp-workbook needs, once per checkout.
+# Installs everything ddp-workbook needs, once per checkout.
 # Run it from anywhere:   scripts/setup.sh
 #
 # What it does (each step checks first and skips what is already done, so it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/setup_notebooks.sh: installs what the notebooks in notebooks/ need,
+# Installs what the notebooks in notebooks/ need,
 # once per checkout. scripts/setup.sh calls it as its last step; to run it
 # alone (after scripts/setup.sh has made .venv and .cargo/libtorch.toml):
 #     scripts/setup_notebooks.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/test.sh: the whole test suite, exactly as CI runs it.
+# The whole test suite, exactly as CI runs it.
 # Run it from anywhere, after scripts/setup.sh:   scripts/test.sh
 #
 # It runs `cargo xtask test` (the runner is the xtask/ crate), whose checks

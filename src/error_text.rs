@@ -1,4 +1,4 @@
-//! src/error_text.rs: libtorch's errors and caught panics as one line of
+//! Libtorch's errors and caught panics as one line of
 //! words, for every message this crate writes: the process groups
 //! (`dist`), the autograd shim (`autograd`) and the checkpoints (`train`)
 //! all turn C++ stacks and `unwrap` panics into the cause a person can act

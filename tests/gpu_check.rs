@@ -1,4 +1,4 @@
-//! tests/gpu_check.rs: scripts/gpu_check.sh where there is no GPU (as in
+//! Scripts/gpu_check.sh where there is no GPU (as in
 //! CI): its refusals and argument errors, each one line and exit 2; and its
 //! carried mode end to end: `--build-only DIR` builds every binary (release,
 //! `--features nccl`) and lists them, and `--prebuilt DIR` runs them all and

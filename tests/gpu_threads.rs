@@ -1,4 +1,4 @@
-//! tests/gpu_threads.rs: two or three ranks as threads of this process
+//! Two or three ranks as threads of this process
 //! sharing ONE GPU through the in-process backend (`dist::spawn`), with CUDA
 //! tensors: the learner with a single GPU. No NCCL: NCCL refuses two ranks
 //! of one communicator on the same GPU, while the in-process backend's

@@ -1,4 +1,4 @@
-//! tests/multinode.rs: jobs on several machines, made on this one. Each
+//! Jobs on several machines, made on this one. Each
 //! test brings up nodes with scripts/nodes.sh (network namespaces joined by
 //! a bridge, each with its own hostname, /dev/shm and disk) and starts the
 //! training example on them with scripts/launch.sh, as on a cluster: Open

@@ -1,4 +1,4 @@
-//! tests/nccl.rs: the NCCL backend. The tests in this file need no GPU
+//! The NCCL backend. The tests in this file need no GPU
 //! (NCCL's library, its unique id, the errors a machine without a GPU
 //! gives); they run everywhere, CI included. On a machine with GPUs, the two
 //! that check what a machine without one says run in a copy of this binary

@@ -1,4 +1,4 @@
-//! examples/figures/ch01_alpha_beta.rs: chapter 1's cost model against a
+//! Chapter 1's cost model against a
 //! measurement. The in-process all_reduce's time against the message size,
 //! as measured by `bench_collectives` (its points, written with `--data`
 //! to chapters/figures/data/collectives.tsv), and the α–β model

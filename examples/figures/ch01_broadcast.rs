@@ -1,4 +1,4 @@
-//! examples/figures/ch01_broadcast.rs: chapter 1's two broadcasts on 8
+//! Chapter 1's two broadcasts on 8
 //! ranks, point to point from the root against along a tree: which ranks
 //! hold the root's tensor after each step. Both schedules, as the chapter
 //! states them, run with `send` and `recv` on 8 in-process ranks; each rank

@@ -1,4 +1,4 @@
-//! examples/figures/ch01_ring.rs: chapter 1's ring all-reduce, step by step,
+//! Chapter 1's ring all-reduce, step by step,
 //! on 4 ranks: which rank holds which partial sum of which chunk before and
 //! after every step of the reduce-scatter and of the all-gather, and which
 //! chunk each rank sends. Observed, not drawn by hand: chapter 1's reference

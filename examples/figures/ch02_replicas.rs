@@ -1,4 +1,4 @@
-//! examples/figures/ch02_replicas.rs: chapter 2's figure, two replicas
+//! Chapter 2's figure, two replicas
 //! trained with averaged gradients, once built from different seeds and
 //! once from the same seed and checked: the gap between their weights, and
 //! each one's loss on its own data, step by step. A real run on 2

@@ -1,4 +1,4 @@
-//! examples/figures/ch03_average.rs: chapter 3's figure, why the ranks
+//! Chapter 3's figure, why the ranks
 //! average their gradients. A real run on 3 in-process ranks: each computes
 //! the MLP's gradient on its own third of a batch, the library's
 //! `naive::sync_gradients` averages them, and one process computes the

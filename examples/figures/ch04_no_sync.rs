@@ -1,4 +1,4 @@
-//! examples/figures/ch04_no_sync.rs: chapter 4's figure, one optimizer step
+//! Chapter 4's figure, one optimizer step
 //! of 4 micro-batches, without and with `no_sync` on the first three: which
 //! backward sends all-reduces. Run for real on 2 in-process ranks through the
 //! library's `SimpleDistributedDataParallelism`; each backward's all-reduces

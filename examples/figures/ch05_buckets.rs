@@ -1,4 +1,4 @@
-//! examples/figures/ch05_buckets.rs: chapter 5's figure, the tiny GPT's
+//! Chapter 5's figure, the tiny GPT's
 //! gradients laid out in buckets by the library's `plan_buckets`, sizes to
 //! scale, in the order backward fills them, with the first cap and the cap.
 //! Drawn by `cargo run --example figures` (examples/figures.rs).

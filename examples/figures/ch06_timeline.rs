@@ -1,4 +1,4 @@
-//! examples/figures/ch06_timeline.rs: chapter 6's figure, one overlapped
+//! Chapter 6's figure, one overlapped
 //! step of the tiny GPT on each of 2 in-process ranks, without and with the
 //! simulated link: forward, backward, when each bucket's all-reduce ran and
 //! completed, and the wait after backward. Drawn by

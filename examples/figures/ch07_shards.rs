@@ -1,4 +1,4 @@
-//! examples/figures/ch07_shards.rs: chapter 7's figure, each rank's shard of
+//! Chapter 7's figure, each rank's shard of
 //! a 10-example data set on 3 ranks across two epochs, from the library's
 //! `DistributedSampler`: the tail padded (drop_last = false) or dropped
 //! (drop_last = true). Drawn by `cargo run --example figures`.

@@ -1,4 +1,4 @@
-//! examples/figures/ch08_training.rs: chapter 8's figures, both from timed
+//! Chapter 8's figures, both from timed
 //! runs whose output the repository commits in `chapters/figures/data/`:
 //! - the training run's loss and accuracy curves, and its held-out verdict,
 //!   from its log: `cargo run --release --example train > chapters/figures/data/train.log`;

@@ -1,4 +1,4 @@
-//! examples/figures/ch09_ch10_diagrams.rs: the diagrams of chapters 9 and
+//! The diagrams of chapters 9 and
 //! 10, drawn by `cargo run --example figures`:
 //! - threads, processes and GPUs: who owns which memory and who starts whom,
 //!   for the in-process backend (`dist::spawn`), MPI processes

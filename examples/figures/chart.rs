@@ -1,4 +1,4 @@
-//! examples/figures/chart.rs: a plot area for the figures' line charts
+//! A plot area for the figures' line charts
 //! (`cargo run --example figures`): linear or logarithmic axes, ticks, a
 //! grid, lines and dots, in the style of `svg.rs`. The y label sits above
 //! the axis, horizontal, so that no text needs rotating.

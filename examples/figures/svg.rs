@@ -1,4 +1,4 @@
-//! examples/figures/svg.rs: the small SVG writer the book's figures are drawn
+//! The small SVG writer the book's figures are drawn
 //! with (`cargo run --example figures`), and the one style they share.
 //!
 //! The style is chosen so that a figure reads in every mdBook theme: the

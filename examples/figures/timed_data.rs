@@ -1,4 +1,4 @@
-//! examples/figures/timed_data.rs: reads the data files that benchmarks
+//! Reads the data files that benchmarks
 //! write into `chapters/figures/data/`, for the timed figures of
 //! `cargo run --example figures`. A data file is tab-separated text: `# key
 //! <tab> value` lines about the run (its command, the machine, its load),

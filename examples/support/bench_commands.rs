@@ -1,4 +1,4 @@
-//! examples/support/bench_commands.rs: how examples/bench_vs_pytorch.rs runs
+//! How examples/bench_vs_pytorch.rs runs
 //! the programs it measures (its own MPI workers, the PyTorch scripts in
 //! `.venv`) and reads the numbers they print. Included by bench_vs_pytorch.rs:
 //! `cargo run --release --features mpi --example bench_vs_pytorch`.

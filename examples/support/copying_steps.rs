@@ -1,4 +1,4 @@
-//! examples/support/copying_steps.rs: an overlapped sync's launch and finish
+//! An overlapped sync's launch and finish
 //! that copy each gradient into its bucket and back, as chapter 6's exercise
 //! does, for bench_overlap.rs to set against the library's, which keep the
 //! gradients in their buckets. It plugs into the library's driver through

@@ -1,4 +1,4 @@
-//! examples/support/in_process_timing.rs: how bench_collectives times the
+//! How bench_collectives times the
 //! in-process all_reduce, and its `--sweep` of world sizes and sizes with
 //! each algorithm forced and the one chosen. Included by
 //! examples/bench_collectives.rs (`#[path]`); run with

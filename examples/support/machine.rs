@@ -1,4 +1,4 @@
-//! examples/support/machine.rs: what the benchmark examples print about the
+//! What the benchmark examples print about the
 //! machine next to their timings. Included by each benchmark with
 //! `#[path = "support/machine.rs"] mod machine;` (a folder without a
 //! `main.rs`, so cargo does not take it for an example of its own).

@@ -1,4 +1,4 @@
-//! examples/support/median.rs: the median the benchmark examples report,
+//! The median the benchmark examples report,
 //! one copy for all of them. Included by each with
 //! `#[path = "support/median.rs"] mod median;` (for example
 //! `cargo run --release --example bench_optimizer`).

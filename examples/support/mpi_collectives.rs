@@ -1,4 +1,4 @@
-//! examples/support/mpi_collectives.rs: `bench_collectives --backend mpi`,
+//! `bench_collectives --backend mpi`,
 //! the MPI backend's all_reduce next to a memcpy of the same tensor. The
 //! benchmark starts itself twice under scripts/launch.sh (mpirun): once
 //! through the node's shared memory (src/dist/mpi/shm.rs, the default) and

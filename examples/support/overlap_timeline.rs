@@ -1,4 +1,4 @@
-//! examples/support/overlap_timeline.rs: one overlapped step of
+//! One overlapped step of
 //! `bench_overlap`, as it happened on each rank (forward, backward, each
 //! bucket's launch and completion, the wait after backward), as a table and
 //! as the data file that chapter 6's figure draws.

@@ -1,4 +1,4 @@
-//! examples/support/timed_group.rs: a process group that notes when each of
+//! A process group that notes when each of
 //! its asynchronous all-reduces completed, for `bench_overlap --timeline`
 //! (`cargo run --release --example bench_overlap -- --timeline`). Included
 //! with `#[path = "support/timed_group.rs"] mod timed_group;`; the group

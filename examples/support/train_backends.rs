@@ -1,4 +1,4 @@
-//! examples/support/train_backends.rs: how examples/train.rs starts its
+//! How examples/train.rs starts its
 //! ranks other than as threads on the CPU: as MPI processes (`--backend
 //! mpi`), on GPUs as threads (`--backend nccl`), or on GPUs as processes
 //! (`--backend nccl` under scripts/launch.sh). Included by train.rs.

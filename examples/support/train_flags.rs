@@ -1,4 +1,4 @@
-//! examples/support/train_flags.rs: the command line of examples/train.rs:
+//! The command line of examples/train.rs:
 //! its flags (`cargo run --release --example train -- --help` prints them)
 //! and how they become the library's `TrainConfig`, a global batch that does
 //! not split evenly refused with chapter 4's message. Included by train.rs.

@@ -1,4 +1,4 @@
-//! examples/support/train_output.rs: what examples/train.rs prints: rank
+//! What examples/train.rs prints: rank
 //! 0's reports while the run goes (a progress bar with log lines above it)
 //! and, at the end, the speed, the gradient sync's share of the step time,
 //! the replicas' agreement and the verdict that sets the exit status.

@@ -1,4 +1,4 @@
-//! examples/support/vs_pytorch_all_reduce.rs: the second table of
+//! The second table of
 //! examples/bench_vs_pytorch.rs: one all_reduce of 4 KiB, 0.4, 4 and 25 MiB
 //! (sum, f32, 2 ranks) on each backend: in-process, MPI with the signature
 //! check on and off (`DDP_DEBUG=off`) and on a buffer from `alloc_buffer`

@@ -1,4 +1,4 @@
-//! examples/support/vs_pytorch_tables.rs: the tables of
+//! The tables of
 //! examples/bench_vs_pytorch.rs, from the rates it measured: tokens per
 //! second of each contender, the ratios per round, and the cost of
 //! distribution of each side; and the file they are written to, with the

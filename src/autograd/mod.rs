@@ -8,7 +8,6 @@
 //! - [`set_grad`]: makes a tensor a parameter's `.grad` without copying
 //!   (`param.grad = view`), so that backward accumulates into it.
 //!
-//! Tested by `cargo test --test autograd`.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-// src/autograd/shim.cpp: the two things of libtorch's autograd that the tch
+// The two things of libtorch's autograd that the tch
 // crate does not expose, for Rust (src/autograd/mod.rs wraps them safely):
 //   1. a hook that runs when a parameter's gradient has been accumulated in
 //      a backward pass (PyTorch's Tensor.register_post_accumulate_grad_hook),

@@ -3,9 +3,6 @@
 //! ZeRO-1 optimizer (`zero.rs`) does to each rank's shard. It lives in the
 //! library so that both can use it (the training run builds on the library,
 //! never the other way round).
-//!
-//! Tested by `cargo test --test train` (against tch's own AdamW) and
-//! `cargo test --features solutions --test chapter_11`.
 
 use tch::{TchError, Tensor};
 

@@ -1,8 +1,6 @@
 //! Batch arithmetic for gradient accumulation: global batch = micro-batch x
 //! accumulation steps x world size, and the errors that say what to change
 //! when the numbers do not divide. Chapter 4 of the book explains it.
-//!
-//! Tested by `cargo test --test chapter_04`.
 
 use tch::Tensor;
 

@@ -10,8 +10,6 @@
 //! buckets: the library's sync after backward). Chapter 5's [`sync_bucket`],
 //! which copies, is here too; the chapter runs it on every bucket through
 //! `ddp::seams`. The buckets themselves are in `buckets.rs`.
-//!
-//! Tested by `cargo test --test chapter_05`.
 
 use tch::{Kind, Tensor};
 

@@ -24,9 +24,6 @@
 //! its layout in `layout.rs`; [`GradientBuckets::replan_in_order`] moves the
 //! gradients into it. The check at the end of an overlapped backward, on
 //! what went into the slots, is in `end_of_backward.rs`.
-//!
-//! Tested by `cargo test --test ddp`, `cargo test --test overlap` and
-//! `cargo test --test chapter_05`.
 
 use tch::Tensor;
 

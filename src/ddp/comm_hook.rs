@@ -13,8 +13,6 @@
 //! [`bf16_compress_hook`] (PyTorch's `bf16_compress_hook`) sends bfloat16:
 //! half the bytes of float32, with bf16's 8 significant bits (chapter 12
 //! derives the error and `tests/chapter_12.rs` bounds it).
-//!
-//! Tested by `cargo test --features solutions --test chapter_12`.
 
 use tch::{Kind, Tensor};
 

@@ -1,10 +1,8 @@
-//! src/ddp/end_of_backward.rs: the check at the end of an overlapped
+//! The check at the end of an overlapped
 //! backward (`overlap.rs`), on what went into the buckets' slots: whether
 //! some rank's backward failed, and which parameters got no gradient on
 //! some rank. One all-reduce, and every rank reaches the same verdict, so
-//! that no rank hangs and no replica steps alone. Tested by
-//! `cargo test --test ddp` and `cargo test --test overlap` (failed
-//! backwards, unused parameters).
+//! that no rank hangs and no replica steps alone.
 
 use tch::Tensor;
 

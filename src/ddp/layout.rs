@@ -21,8 +21,6 @@
 //! `rebuild_buckets`). PyTorch plans again in any case; a layout whose
 //! buckets already complete in order loses nothing by staying, and keeps
 //! its buffers, where an optimizer may read the gradients.
-//!
-//! Tested by `cargo test --test chapter_05` and `cargo test --test overlap`.
 
 use std::cmp::Reverse;
 

@@ -7,8 +7,6 @@
 //! the world size. Chapter 3 of the book builds it. The finished wrapper
 //! sends buckets instead (`bucketed.rs`); this one stays as the baseline the
 //! benchmark compares against (`cargo run --release --example bench_sync`).
-//!
-//! Tested by `cargo test --test chapter_03`.
 
 use tch::Tensor;
 

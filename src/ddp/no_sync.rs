@@ -9,8 +9,6 @@
 //! `require_backward_grad_sync` and `DistributedDataParallel.no_sync()`).
 //! Chapter 4 of the book builds the scope; this is the switch and the guard
 //! that every later wrapper uses.
-//!
-//! Tested by `cargo test --test chapter_04`.
 
 use std::cell::Cell;
 

@@ -11,8 +11,6 @@
 //! after the first step re-plans. Launch and finish are [`GradientBuckets`]'
 //! own (chapter 6 runs its steps here through `ddp::seams`; the library never
 //! does). What the driver shows its caller is in `overlap_record.rs`.
-//!
-//! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;

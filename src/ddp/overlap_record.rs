@@ -4,8 +4,6 @@
 //! names, `keep_layout`, and `sync_now`, the sync for a caller that ran
 //! `loss.backward()` unarmed (it marks every present gradient at once, where
 //! the hooks would have marked them one by one).
-//!
-//! Tested by `cargo test --test overlap` and `cargo test --test chapter_06`.
 
 use std::time::Instant;
 

@@ -1,4 +1,4 @@
-// src/ddp/randperm.cpp: PyTorch's shuffle for the DistributedSampler
+// PyTorch's shuffle for the DistributedSampler
 // (src/ddp/sampler.rs wraps it): the numbers 0..n in the order that
 //     g = torch.Generator(); g.manual_seed(seed); torch.randperm(n, generator=g)
 // gives, drawn from a generator of its own, so the global generator (the one

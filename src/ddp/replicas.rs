@@ -8,8 +8,6 @@
 //! the same list of tensors (names, dtypes, shapes); [`verify_replicas`]
 //! proves that their values are bitwise rank 0's. Chapter 2 of the book
 //! builds `verify_replicas`; this is the reference the library runs.
-//!
-//! Tested by `cargo test --test chapter_02`.
 
 use tch::{nn, Tensor};
 

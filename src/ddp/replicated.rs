@@ -4,8 +4,6 @@
 //! [`SimpleDistributedDataParallelism`](super::SimpleDistributedDataParallelism)
 //! and the chapters' stages) hold one and add only their own methods; they
 //! reach its accessors through `Deref`.
-//!
-//! Tested by `cargo test --test chapter_02` and every later chapter test.
 
 use tch::nn::{self, Module};
 use tch::Tensor;

@@ -8,9 +8,6 @@
 //! its very indices ([`permutation`] calls libtorch's `randperm` through
 //! `randperm.cpp`). Chapter 7 of the book builds [`samples_per_rank`] and
 //! [`shard_indices`].
-//!
-//! Tested by `cargo test --test chapter_07`, and against PyTorch by
-//! `cargo test --features solutions,mpi,nccl --test torch_sampler`.
 
 use std::ffi::{c_char, CStr};
 

@@ -2,8 +2,6 @@
 //! and why it refuses: its options, PyTorch's keyword arguments named at
 //! every call (no `for_group(pg, len, true, seed, false)`), and its errors,
 //! each saying what to change. The sampler itself is in `sampler.rs`.
-//!
-//! Tested by `cargo test --test chapter_07`.
 
 /// How a [`DistributedSampler`] orders and cuts each epoch: PyTorch's
 /// keyword arguments, named at every call, with its defaults

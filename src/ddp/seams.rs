@@ -1,4 +1,4 @@
-//! src/ddp/seams.rs: the workbook's seams, where a chapter runs the
+//! The workbook's seams, where a chapter runs the
 //! learner's function inside library machinery. This module exists for the
 //! chapters (`src/chNN_*/`) and their tests only; the finished library, the
 //! training run and the examples never call it, and the runner's `layering`
@@ -16,9 +16,6 @@
 //! | [`GradientBuckets::plan_with`], [`GradientBuckets::sync_with`] | `plan_buckets`, `sync_bucket` | 5 |
 //! | [`OverlappedBuckets::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
 //! | [`ShardedAdamW::with_steps`], [`ZeroSteps`] | `shard_of`, `step_bucket` | 11 |
-//!
-//! Tested by the chapters' tests (`cargo test --test chapter_02` ... `chapter_06`, `chapter_11`),
-//! and by the doc tests below (`cargo test --doc`).
 
 use std::cell::Cell;
 

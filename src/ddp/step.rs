@@ -8,8 +8,6 @@
 //! (`src/train/run.rs`) and the chapter-7 tests call it once per step, with
 //! any optimizer that has the three methods of [`StepOptimizer`]
 //! (`wrapper.rs`): tch's `nn::Optimizer` (below), or the run's `AdamW`.
-//!
-//! Tested by `cargo test --test chapter_07` and `cargo test --test train`.
 
 use tch::nn::{self, Module};
 use tch::{TchError, Tensor};

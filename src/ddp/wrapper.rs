@@ -4,9 +4,6 @@
 //! during [`backward`](SimpleDistributedDataParallelism::backward), except
 //! inside a [`no_sync`](SimpleDistributedDataParallelism::no_sync) scope,
 //! and a clock measures the time spent waiting for them after backward.
-//!
-//! Tested by `cargo test --test chapter_07`, `cargo test --test overlap` and
-//! `cargo test --test train`.
 
 use std::cell::Cell;
 use std::ops::Deref;

@@ -11,9 +11,6 @@
 //! gradients are reduce-scattered by [`ShardedAdamW::step`], not all-reduced
 //! by the wrapper (the training run's `--zero 1` does).
 //! `zero_checkpoint.rs` gathers the shards into one state and cuts them again.
-//!
-//! Tested by `cargo test --features solutions --test chapter_11` and
-//! `cargo test --test train_zero`.
 
 use tch::{TchError, Tensor};
 

@@ -4,9 +4,6 @@
 //! tensors, named as the training run's `AdamW::state` names them. Loading
 //! cuts each rank's shard out of such a state, whatever world size saved it,
 //! so a run can resume on another number of ranks (or with plain AdamW).
-//!
-//! Tested by `cargo test --features solutions --test chapter_11 checkpoint`
-//! and `cargo test --test train_zero`.
 
 use tch::Tensor;
 

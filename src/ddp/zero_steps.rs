@@ -8,9 +8,6 @@
 //! rank owns, and one step of a bucket (reduce-scatter the gradients, AdamW
 //! on this rank's shard, all-gather the parameters). Chapter 11's reference
 //! (`src/ch11_zero/solution.rs`) re-exports them.
-//!
-//! Tested by `cargo test --features solutions --test chapter_11` and
-//! `cargo test --test train_zero`.
 
 use tch::Tensor;
 

@@ -3,8 +3,6 @@
 //! each call's signature before it runs. Read the same way by the
 //! in-process, MPI and NCCL backends, and checked before anything starts:
 //! a typo must not silently mean the default.
-//!
-//! Tested by `cargo test --test dist` (`invalid.rs`).
 
 use std::time::Duration;
 

@@ -15,8 +15,6 @@
 //! `TORCH_DISTRIBUTED_DEBUG=DETAIL` compares operation, shapes and dtypes
 //! only, and NCCL compares nothing, so there both go unnoticed.
 //!
-//! Tested by `cargo test --test dist` (`tags.rs`).
-//!
 //! ```
 //! use ddp_workbook::dist::{spawn, tagged, ReduceOp};
 //! use ddp_workbook::tch::Tensor;

@@ -1,4 +1,4 @@
-//! src/train/gpu.rs: the training run on GPUs, with the NCCL backend (the
+//! The training run on GPUs, with the NCCL backend (the
 //! `nccl` feature): one rank per GPU, as threads of this process or as
 //! processes that `mpirun` started. The run itself is `train_rank`, the
 //! same as on the CPU; only the device and the process group differ.

@@ -4,8 +4,6 @@
 //! differs is who averages the gradients (the wrapper's all-reduce, or the
 //! optimizer's reduce-scatter) and who can see the whole state (every rank,
 //! or no rank until the shards are gathered, a collective).
-//!
-//! Tested by `cargo test --test train` and `cargo test --test train_zero`.
 
 use tch::TchError;
 

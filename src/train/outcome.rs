@@ -1,4 +1,4 @@
-//! src/train/outcome.rs: what the training run reports while it trains
+//! What the training run reports while it trains
 //! ([`Event`], to rank 0's `on_event`) and what each rank returns at its end
 //! ([`RankOutcome`]). `cargo run --release --example train` prints them.
 

@@ -1,4 +1,4 @@
-//! src/train/phases.rs: where the training run's steps spend their time
+//! Where the training run's steps spend their time
 //! (data, forward, backward, sync, optimizer), for the run's report and the
 //! benchmarks (`cargo run --release --example bench_scaling`).
 

@@ -1,12 +1,9 @@
-//! src/train/replicas.rs: the training run's last proof that DDP did its
+//! The training run's last proof that DDP did its
 //! job. Every rank fingerprints the state a checkpoint of it would hold
 //! (weights, optimizer state, progress, settings), the ranks all-gather the
 //! fingerprints, and the run fails on every rank unless all are equal: a
 //! DDP that skipped a gradient sync would still learn on rank 0, but its
 //! replicas would have drifted apart.
-//!
-//! Tested by `cargo test --test train` (a run whose all-reduces do nothing
-//! must fail here); printed by `cargo run --release --example train`.
 
 use tch::Tensor;
 

@@ -1,12 +1,9 @@
-//! src/train/resume.rs: the checkpoint file is rank 0's alone. Rank 0
+//! The checkpoint file is rank 0's alone. Rank 0
 //! checks it and reads it; the other ranks get its verdict and its bytes
 //! through the process group (one broadcast of a status and a length, one
 //! of the bytes), so a resumed job needs no file system shared between its
 //! machines: the ranks on other nodes never open the file. Rank 0 is also
 //! the only rank that writes checkpoints, so only it checks that it can.
-//!
-//! Tested by `cargo test --test train` (threads) and, with nodes that share
-//! no disk, `cargo test --features mpi --test multinode` (`resume.rs`).
 
 use std::path::Path;
 

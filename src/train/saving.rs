@@ -4,9 +4,6 @@
 //! `<path>.prev`, the fallback when the newest one turns out damaged. A
 //! save killed at any step leaves a whole checkpoint to resume from, and
 //! the next save removes the temporary files it left.
-//!
-//! Tested by `cargo test --test train` and `cargo test --test train_failures`
-//! (which kills a save after each of its steps).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

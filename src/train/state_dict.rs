@@ -3,8 +3,6 @@
 //! checksum checked) or a PyTorch `state_dict` saved with safetensors, e.g.
 //! `safetensors.torch.save_file(model.state_dict(), "gpt.safetensors")` of
 //! the twin in scripts/torch/models.py, whose names are the model's own.
-//!
-//! Tested by `cargo test --features solutions,mpi,nccl --test torch_checkpoint`.
 
 use std::path::Path;
 

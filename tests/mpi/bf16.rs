@@ -1,4 +1,4 @@
-//! tests/mpi/bf16.rs: bf16 tensors on the MPI backend, for chapter 12's
+//! Bf16 tensors on the MPI backend, for chapter 12's
 //! hook. MPI has neither a bfloat16 type nor a sum for it: the backend
 //! carries bf16 as 16-bit words (half the bytes of float32) and sums them
 //! with an operation of its own (`src/dist/mpi/ffi.rs`) that adds as

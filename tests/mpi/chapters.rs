@@ -1,4 +1,4 @@
-//! tests/mpi/chapters.rs: the chapters' DDP, unchanged, on real processes.
+//! The chapters' DDP, unchanged, on real processes.
 //! Each rank trains on its own rows of every global batch with the
 //! chapter's wrapper (your exercise when built without `solutions`); after
 //! every `optimizer.step` it checks both claims of the book: every process

@@ -1,4 +1,4 @@
-//! tests/mpi/collectives.rs: every collective of the MPI backend agrees
+//! Every collective of the MPI backend agrees
 //! with the in-process backend: each rank runs the same script of calls on
 //! MPI, then runs it again on an in-process world of the same size (all
 //! ranks as threads of itself) and compares its own results, bitwise (the

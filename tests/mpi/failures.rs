@@ -1,4 +1,4 @@
-//! tests/mpi/failures.rs: no failure leaves an MPI job hanging. A rank that
+//! No failure leaves an MPI job hanging. A rank that
 //! stalls, panics, returns an error or is killed ends the whole job within
 //! the deadline plus a few seconds, and the output names that rank. Ranks
 //! that disagree on a call get a `Mismatch` naming both calls, and the group

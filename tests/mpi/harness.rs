@@ -1,4 +1,4 @@
-//! tests/mpi/harness.rs: how a test runs on several processes. The test
+//! How a test runs on several processes. The test
 //! binary starts itself under `scripts/launch.sh` (mpirun), filtered to the
 //! one test, with a marker in the environment; in those copies the same test
 //! function finds the marker and runs its body as one rank. Compiled into

@@ -1,4 +1,4 @@
-//! tests/mpi/shared_memory.rs: the MPI backend's all-reduce through the
+//! The MPI backend's all-reduce through the
 //! node's shared memory (`src/dist/mpi/shm.rs`) gives, bitwise on every
 //! rank, the sum that one process computes by adding the ranks' tensors in
 //! rank order, for every dtype and operation, sizes that do not divide by

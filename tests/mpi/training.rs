@@ -1,4 +1,4 @@
-//! tests/mpi/training.rs: the training run on 2 processes ends with the
+//! The training run on 2 processes ends with the
 //! same final checkpoint file, byte for byte, as the same run on 2 rank
 //! threads (the in-process backend); killed with SIGKILL after a checkpoint
 //! and resumed, it runs only the steps after that checkpoint and ends

@@ -1,4 +1,4 @@
-//! tests/mpi/zero_copy.rs: buffers from `alloc_buffer` (the MPI backend
+//! Buffers from `alloc_buffer` (the MPI backend
 //! maps them into every rank of the node: `src/dist/mpi/shm/regions.rs`)
 //! are all-reduced where they lie, with no copy, into bitwise the sum one
 //! process computes by adding the ranks' tensors in rank order, for every

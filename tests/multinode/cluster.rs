@@ -1,4 +1,4 @@
-//! tests/multinode/cluster.rs: the nodes a test runs on (scripts/nodes.sh,
+//! The nodes a test runs on (scripts/nodes.sh,
 //! cluster `test`: network namespaces, so root) and the jobs it starts on
 //! them through scripts/launch.sh. One cluster at a time on this machine:
 //! a lock file serialises the tests of this binary and of any other run of

@@ -1,4 +1,4 @@
-//! tests/multinode/faults.rs: a failure on the second node ends the whole
+//! A failure on the second node ends the whole
 //! job across both, names the rank(s) at fault, and leaves no process of
 //! the job on either node (Open MPI's daemons and the deadline end them:
 //! scripts/launch.sh's sweep, which would kill leftovers and say so, must

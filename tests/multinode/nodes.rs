@@ -1,4 +1,4 @@
-//! tests/multinode/nodes.rs: scripts/nodes.sh itself. The nodes add
+//! Scripts/nodes.sh itself. The nodes add
 //! nothing to this machine's own network, their links are capped as asked,
 //! a leftover of a killed run does not get in the way of the next, and
 //! without root it says what is missing. scripts/launch.sh refuses

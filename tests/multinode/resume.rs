@@ -1,4 +1,4 @@
-//! tests/multinode/resume.rs: checkpoints without a shared file system.
+//! Checkpoints without a shared file system.
 //! Each node has its own disk (scripts/nodes.sh), so the checkpoint that
 //! rank 0 writes on node 1 is out of reach of the ranks on node 2. A run
 //! stopped after a checkpoint and resumed must still end byte for byte where

@@ -1,4 +1,4 @@
-//! tests/multinode/training.rs: the training run on 2 nodes of 2 ranks
+//! The training run on 2 nodes of 2 ranks
 //! reaches its target, its replicas end bitwise equal, and it ends in the
 //! same state, to the bit, as the same 4 ranks on one node: the MPI backend
 //! sums the gradients in rank order on both (through shared memory on a

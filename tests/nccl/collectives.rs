@@ -1,4 +1,4 @@
-//! tests/nccl/collectives.rs: every collective and point-to-point call of
+//! Every collective and point-to-point call of
 //! the NCCL backend on every GPU, against results computed on the host from
 //! what each rank held, and the refusals in words. Needs a GPU; run with
 //!   cargo test --features nccl --test nccl -- --include-ignored

@@ -1,4 +1,4 @@
-//! tests/nccl/failures.rs: a call that misses its deadline aborts the
+//! A call that misses its deadline aborts the
 //! communicator and fails in words, and its tensors stay out of libtorch's
 //! caching allocator while the GPU may still run the aborted call on them.
 //! Needs a GPU (one is enough); run with

@@ -1,4 +1,4 @@
-//! tests/nccl/one_step.rs: one DDP step of the MLP on a GPU, and the
+//! One DDP step of the MLP on a GPU, and the
 //! reference both GPU DDP tests compare it with: one SGD step of one
 //! process, on the CPU, on the global batch of all ranks. Included by
 //! tests/nccl/training.rs (NCCL, one rank per GPU) and tests/gpu_threads.rs

@@ -1,4 +1,4 @@
-//! tests/nccl/training.rs: DDP on GPUs through NCCL, against one process on
+//! DDP on GPUs through NCCL, against one process on
 //! the global batch, and an NCCL group joined over a CPU group (the
 //! `mpirun` path). Needs a GPU; run with
 //!   cargo test --features nccl --test nccl -- --include-ignored

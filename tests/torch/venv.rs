@@ -1,4 +1,4 @@
-//! tests/torch/venv.rs: runs the project's PyTorch (`.venv`, made by
+//! Runs the project's PyTorch (`.venv`, made by
 //! scripts/setup.sh) for the tests that compare the workbook with PyTorch:
 //! tests/torch_sampler.rs, tests/torch_checkpoint.rs, tests/torch_twins.rs.
 //! Each includes it with `#[path = "torch/venv.rs"] mod venv;`; it is not a

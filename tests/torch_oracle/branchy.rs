@@ -1,4 +1,4 @@
-//! tests/torch_oracle/branchy.rs: a test-only model with a branch that the
+//! A test-only model with a branch that the
 //! forward skips when told to, so that a rank leaves the branch's parameters
 //! without a gradient in some steps (PyTorch's `find_unused_parameters`).
 //! Its twin is `Branchy` in scripts/torch/oracle.py: the same names, the

@@ -1,4 +1,4 @@
-//! tests/torch_oracle/compare.rs: how close the workbook's numbers must be
+//! How close the workbook's numbers must be
 //! to PyTorch's, and the comparison, tensor by tensor, with src/check.rs.
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 //!

@@ -1,4 +1,4 @@
-//! tests/torch_oracle/inputs.rs: what the oracle (scripts/torch/oracle.py)
+//! What the oracle (scripts/torch/oracle.py)
 //! reads, written from the stages of stages.rs: stages.json, and per stage
 //! the initial weights and each rank's batches, as safetensors.
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.

@@ -1,4 +1,4 @@
-//! tests/torch_oracle/layouts.rs: the workbook's bucket layouts next to
+//! The workbook's bucket layouts next to
 //! PyTorch's, at construction and after the first-step rebuild, for several
 //! models and caps (the stages of stages.rs; 2 ranks).
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.

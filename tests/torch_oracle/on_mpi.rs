@@ -1,4 +1,4 @@
-//! tests/torch_oracle/on_mpi.rs: every stage of the cross-check with the
+//! Every stage of the cross-check with the
 //! workbook's ranks as MPI processes (scripts/launch.sh, through the MPI
 //! tests' harness: the test binary starts itself as the ranks), against the
 //! same PyTorch runs as the in-process ranks. One job per world size runs

@@ -1,4 +1,4 @@
-//! tests/torch_oracle/oracle_run.rs: runs PyTorch's side once per world
+//! Runs PyTorch's side once per world
 //! size for every stage (one torchrun launch: starting Python and importing
 //! torch costs seconds, the stages themselves little), and reads back what
 //! it wrote. The tests of one binary share the run; the first test that

@@ -1,4 +1,4 @@
-//! tests/torch_oracle/stages.rs: what the cross-check runs: each stage's
+//! What the cross-check runs: each stage's
 //! model, how the workbook syncs it, the matching DistributedDataParallel
 //! arguments, and the batches every rank trains on. Both sides build from
 //! here: the workbook's ranks directly, PyTorch from the files that

@@ -1,4 +1,4 @@
-//! tests/torch_oracle/workbook.rs: the workbook's side of the cross-check:
+//! The workbook's side of the cross-check:
 //! one rank trains a stage (stages.rs) with the workbook's DDP, as the
 //! oracle trains it with PyTorch's, and returns what the oracle writes,
 //! under the same names: `forward`, `step{k}.mb{m}.grad.{name}`,

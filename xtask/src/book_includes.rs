@@ -1,4 +1,4 @@
-//! xtask/src/book_includes.rs: the `includes` check. Fails when a page of the
+//! The `includes` check. Fails when a page of the
 //! book includes code that is not there. Run it: `cargo xtask test --only includes`.
 //! Unit tests: xtask/tests/book_includes.rs.
 //!

@@ -1,4 +1,4 @@
-//! xtask/src/cargo_json.rs: reads the lines of
+//! Reads the lines of
 //! `cargo test --no-run --message-format=json`, to learn which test
 //! executables cargo built (so that the runner can start them itself, with
 //! libtest's JSON output) and what the compiler said when the build failed.

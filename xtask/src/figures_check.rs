@@ -1,4 +1,4 @@
-//! xtask/src/figures_check.rs: the `figures` check. Runs
+//! The `figures` check. Runs
 //! `cargo run --example figures -- --check` (examples/figures.rs), which draws
 //! every figure of the book in memory from the code it shows and compares it
 //! with the committed file under chapters/figures/; the check fails naming

@@ -1,4 +1,4 @@
-//! xtask/src/files_check.rs: the `files` check. Every repository path that
+//! The `files` check. Every repository path that
 //! the docs, scripts and code mention must exist, and nothing may point
 //! outside the repository (it must stand alone: a fresh clone is all a
 //! learner has). Run it: `cargo xtask test --only files`.

@@ -1,4 +1,4 @@
-//! xtask/src/gpu.rs: whether this machine has an NVIDIA GPU, so that the
+//! Whether this machine has an NVIDIA GPU, so that the
 //! `solutions` check runs the GPU tests (`tests/nccl.rs` and
 //! `tests/gpu_threads.rs`, ignored by default with
 //! `#[ignore = "needs a GPU: ..."]`) where they can run, and reports

@@ -1,4 +1,4 @@
-//! xtask/src/layering_check.rs: the `layering` check. The crate's parts
+//! The `layering` check. The crate's parts
 //! import each other one way only (docs/architecture.md, "The layers"):
 //! the process groups know nothing of DDP, the DDP library and the training
 //! run never use a chapter, the bottom layer (models, data, comparisons,

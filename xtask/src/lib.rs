@@ -1,4 +1,4 @@
-//! xtask/src/lib.rs: the pieces of `cargo xtask test`, the ddp-workbook test
+//! The pieces of `cargo xtask test`, the ddp-workbook test
 //! suite (scripts/test.sh runs it), and of `cargo workbook`, the learner's
 //! command (`xtask/src/bin/workbook.rs`). `main.rs` reads the command line and runs
 //! the checks in order; everything else lives in these modules so that the

@@ -1,4 +1,4 @@
-//! xtask/src/libtest_json.rs: reads what a test executable prints when run
+//! Reads what a test executable prints when run
 //! with `--format json -Z unstable-options` (one JSON event per line), and
 //! the plain `test result: ok. 3 passed; 0 failed; 1 ignored; ...` lines of
 //! `cargo test --doc`. Unit tests: xtask/tests/libtest_json.rs.

@@ -1,4 +1,4 @@
-//! xtask/src/main.rs: `cargo xtask test`, the ddp-workbook test suite, the one
+//! `cargo xtask test`, the ddp-workbook test suite, the one
 //! scripts/test.sh runs (and CI, through .ci/run). Run it from anywhere in
 //! the repository:
 //!

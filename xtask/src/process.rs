@@ -1,4 +1,4 @@
-//! xtask/src/process.rs: runs one command of the suite, hands its output to
+//! Runs one command of the suite, hands its output to
 //! the caller line by line (and into a log in target/test-logs/), and stops it
 //! when it runs past a time limit.
 //!

@@ -1,4 +1,4 @@
-//! xtask/src/report.rs: counts the checks and prints one line per check and
+//! Counts the checks and prints one line per check and
 //! the closing summary, `N passed, N failed[, N skipped]`, which CI reads as
 //! the last line of `cargo xtask test` (and so of scripts/test.sh).
 //!

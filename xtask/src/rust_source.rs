@@ -1,4 +1,4 @@
-//! xtask/src/rust_source.rs: just enough Rust lexing for the `stubs` check:
+//! Just enough Rust lexing for the `stubs` check:
 //! find each `pub fn` of a file with its doc comment, its signature and its
 //! body. Unit tests: xtask/tests/rust_source.rs (`cargo test -p xtask`).
 //!

@@ -1,4 +1,4 @@
-//! xtask/src/seams_check.rs: the part of the `layering` check that fences
+//! The part of the `layering` check that fences
 //! the workbook's seams (`src/ddp/seams.rs`, docs/architecture.md). Only the
 //! chapters and their own tests may use `ddp::seams`, by path or by one of
 //! its doors (the functions that run a learner's function inside library

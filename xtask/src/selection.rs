@@ -1,4 +1,4 @@
-//! xtask/src/selection.rs: the suite's checks, and which of them a command
+//! The suite's checks, and which of them a command
 //! line runs: `cargo xtask test [--only A,B] [--skip C]`. A check left out
 //! by `--only` or `--skip` is still named, so that the summary counts it as
 //! skipped: a run of one part never reads like a run of everything.

@@ -1,4 +1,4 @@
-//! xtask/src/stubs_check.rs: the `stubs` check. Every exercise stub must say
+//! The `stubs` check. Every exercise stub must say
 //! exactly what its reference solution does: for each `pub fn` in a chapter's
 //! src/chNN_*/exercise.rs, the doc comment and the signature must equal those
 //! of the same `pub fn` in that chapter's solution.rs (or, when solution.rs

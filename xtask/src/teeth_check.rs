@@ -1,4 +1,4 @@
-//! xtask/src/teeth_check.rs: the `teeth` check. On the untouched exercise
+//! The `teeth` check. On the untouched exercise
 //! stubs, every test of a chapter must do one of two things:
 //!
 //! - reach the learner's code: fail, with `exercise chNN:` (the stub's

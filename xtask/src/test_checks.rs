@@ -1,4 +1,4 @@
-//! xtask/src/test_checks.rs: the `solutions` check (every test and doc test
+//! The `solutions` check (every test and doc test
 //! passes against the reference solutions; the GPU tests run where a GPU is,
 //! and are reported skipped with their reason elsewhere) and the `runner`
 //! check (the xtask crate's own tests). Run one of them:

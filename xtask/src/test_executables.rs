@@ -1,4 +1,4 @@
-//! xtask/src/test_executables.rs: builds test executables through
+//! Builds test executables through
 //! `cargo test --no-run --message-format=json` and runs each one the way
 //! `cargo test` would, but with libtest's JSON output, so that every test is
 //! counted from its own event. Used by the `solutions` and `teeth` checks.

@@ -1,4 +1,4 @@
-//! xtask/src/tool_checks.rs: the checks that run an outside tool and read its
+//! The checks that run an outside tool and read its
 //! exit status or closing line: fmt, book (mdBook), notebooks, clippy; and,
 //! in `tool_checks/training.rs`, train and mpi (the training runs); in
 //! `tool_checks/multinode.rs`, multinode (jobs on nodes made on this machine);

@@ -1,4 +1,4 @@
-//! xtask/src/waits.rs: `cargo xtask waits`, the learner's waits, measured
+//! `cargo xtask waits`, the learner's waits, measured
 //! and printed with the machine's load, and written to docs/waits.md (which
 //! README quotes):
 //!

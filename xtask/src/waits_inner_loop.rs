@@ -1,4 +1,4 @@
-//! xtask/src/waits_inner_loop.rs: the inner loop of `cargo xtask waits`
+//! The inner loop of `cargo xtask waits`
 //! (xtask/src/waits.rs): a one-line scratch edit of an exercise until
 //! `cargo test --test chapter_03` reports, measured `runs` times. The edit is
 //! undone on drop (errors too), and by a watchdog process if the command is

@@ -1,4 +1,4 @@
-//! xtask/src/waits_log.rs: the pieces of `cargo xtask waits` that only read
+//! The pieces of `cargo xtask waits` that only read
 //! text: what a log of the README's two commands (`bash .ci/run`, that is
 //! scripts/setup.sh then scripts/test.sh) says each part took, the scratch
 //! edit of the inner-loop measurement, and the table the command prints and

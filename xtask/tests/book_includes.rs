@@ -1,4 +1,4 @@
-//! xtask/tests/book_includes.rs: unit tests of the `includes` check, on a
+//! Unit tests of the `includes` check, on a
 //! small book written into a temporary folder. Run: cargo test -p xtask --test book_includes
 
 use std::fs;

@@ -1,4 +1,4 @@
-//! xtask/tests/cargo_json.rs: unit tests of the reader of
+//! Unit tests of the reader of
 //! `cargo test --no-run --message-format=json`. Run: cargo test -p xtask --test cargo_json
 
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! xtask/tests/figures_check.rs: the `figures` check passes only on a run
+//! The `figures` check passes only on a run
 //! of `cargo run --example figures -- --check` that ends saying the figures
 //! match, and fails naming each figure the run found changed, missing or
 //! drawn by nothing, or pointing at the log when the run ended early. The

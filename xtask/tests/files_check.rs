@@ -1,4 +1,4 @@
-//! xtask/tests/files_check.rs: unit tests of the path scanner behind the
+//! Unit tests of the path scanner behind the
 //! `files` check. The sample texts use prefixes of their own (`kit/`,
 //! `.hidden/`), so that the check, scanning this file, finds nothing here.
 //! Run: cargo test -p xtask --test files_check

@@ -1,4 +1,4 @@
-//! xtask/tests/gpu.rs: finding a GPU, and running the GPU tests only where
+//! Finding a GPU, and running the GPU tests only where
 //! one is. Run: cargo test -p xtask --test gpu
 
 use xtask::gpu::{describe_gpus, harness_args};

@@ -1,4 +1,4 @@
-//! xtask/tests/layering_check.rs: the `layering` check on this repository
+//! The `layering` check on this repository
 //! (it must pass) and on small made-up trees with one violation planted in
 //! each (it must name the file, the line and the module).
 //! Run: cargo test -p xtask --test layering_check

@@ -1,4 +1,4 @@
-//! xtask/tests/libtest_json.rs: unit tests of the libtest JSON reader and of
+//! Unit tests of the libtest JSON reader and of
 //! the `test result:` line summer. Run: cargo test -p xtask --test libtest_json
 
 use xtask::libtest_json::{failure_excerpt, parse_event, sum_test_result_lines, SuiteTally, TestEvent};

@@ -1,4 +1,4 @@
-//! xtask/tests/notebooks_check.rs: the `notebooks` check fails when it
+//! The `notebooks` check fails when it
 //! cannot count the notebooks: no notebook runner in the checkout, or a run
 //! that ends without its `N passed, N failed` line. A stand-in `.venv/bin/python`
 //! (a shell script) plays the notebook runner.

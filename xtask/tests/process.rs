@@ -1,4 +1,4 @@
-//! xtask/tests/process.rs: unit tests of the command runner: merged and
+//! Unit tests of the command runner: merged and
 //! separate output streams, and the time limit that stops a command together
 //! with the processes it started. Run: cargo test -p xtask --test process
 

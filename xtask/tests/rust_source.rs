@@ -1,4 +1,4 @@
-//! xtask/tests/rust_source.rs: unit tests of the `pub fn` finder behind the
+//! Unit tests of the `pub fn` finder behind the
 //! `stubs` check. Run: cargo test -p xtask --test rust_source
 
 use xtask::rust_source::{blank_comments_and_literals, canonical_signature, public_fns, public_uses};

@@ -1,4 +1,4 @@
-//! xtask/tests/selection.rs: which checks a command line runs, and that the
+//! Which checks a command line runs, and that the
 //! ones it leaves out are still counted (as skipped) in the summary CI reads.
 //! Run: cargo test -p xtask --test selection
 

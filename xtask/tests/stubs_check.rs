@@ -1,4 +1,4 @@
-//! xtask/tests/stubs_check.rs: the `stubs` check on small made-up chapters:
+//! The `stubs` check on small made-up chapters:
 //! a stub's body is its chapter's todo! and nothing else, it names its own
 //! function, and every function of the solution has its stub.
 //! Run: cargo test -p xtask --test stubs_check

@@ -1,4 +1,4 @@
-//! xtask/tests/teeth.rs: the `teeth` check's verdict on a chapter's run on
+//! The `teeth` check's verdict on a chapter's run on
 //! the stubs: each test reaches the exercise (fails naming it) or is a
 //! control (in a `mod controls`, passes); anything else is drift.
 //! Run: cargo test -p xtask --test teeth

@@ -1,4 +1,4 @@
-//! xtask/tests/waits.rs: the text-only parts of `cargo xtask waits`
+//! The text-only parts of `cargo xtask waits`
 //! (xtask/src/waits_log.rs): reading a log of `bash .ci/run`, removing the
 //! inner loop's scratch line, cargo's and libtest's times, the table. Run: cargo test -p xtask --test waits
 

@@ -1,4 +1,4 @@
-//! xtask/tests/workbook.rs: the pieces of `cargo workbook`: reading the
+//! The pieces of `cargo workbook`: reading the
 //! hints, choosing the next one, naming a test as a claim, and finding the
 //! chapters of this repository with their exercises and hints.
 //! Run: cargo test -p xtask --test workbook

@@ -1,4 +1,4 @@
-//! xtask/tests/workbook_ranking.rs: `cargo workbook test` shows the failure
+//! `cargo workbook test` shows the failure
 //! that points at the learner's code most directly, not the first. The three
 //! runs below are real: each is a reference solution broken on purpose in
 //! one function, its chapter's tests run, and each failure kept with the

@@ -2,7 +2,7 @@
 //! NCCL keep threads of their own: `all_reduce_async` hands its work here
 //! and returns, so the all-reduce (and its simulated link time, if any)
 //! progresses while the rank goes on computing. Jobs run in the order they
-//! were handed over. Tested by `cargo test --test dist` (`link.rs`).
+//! were handed over.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Sender};

@@ -4,8 +4,6 @@
 //! one machine share memory, and their all-reduce is nearly free; with a
 //! link, a laptop shows what overlapping communication with backward hides
 //! on a cluster. Turn it on with `SpawnOptions::link`.
-//!
-//! Tested by `cargo test --test dist` (`link.rs`).
 
 use std::time::{Duration, Instant};
 

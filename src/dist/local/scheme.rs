@@ -1,7 +1,6 @@
 //! Which of its two algorithms the in-process all_reduce uses for a call,
 //! chosen by the tensor's size and the number of ranks, as NCCL and MPI
-//! libraries choose theirs. Tested by `cargo test --test dist schemes`;
-//! the sweep that sets the threshold:
+//! libraries choose theirs. The sweep that sets the threshold:
 //! `cargo run --release --example bench_collectives -- --sweep`.
 //!
 //! - rank order: the last rank to arrive adds every rank's tensor into a new

@@ -2,8 +2,6 @@
 //! for a short while when every rank has a core of its own, then sleeps on
 //! the world's condvar. Also counts, for the whole process, how often each
 //! happened, so that `bench_collectives` can show why a slow run was slow.
-//! Tested by `cargo test --test dist`; shown by
-//! `cargo run --release --example bench_collectives`.
 //!
 //! Why watch first: a condvar wake-up costs tens of microseconds (the
 //! sleeper's thread must be scheduled again), as long as reducing a few

@@ -1,4 +1,4 @@
-//! src/dist/mpi/bf16_sum.rs: the MPI backend's sum of bfloat16 tensors.
+//! The MPI backend's sum of bfloat16 tensors.
 //! MPI has neither a bfloat16 type nor a sum for it, so bf16 tensors travel
 //! as 16-bit words (`ffi::datatype`), half the bytes of float32, and are
 //! added by this user-defined operation, the way libtorch adds bf16 (and so
@@ -7,9 +7,6 @@
 //! then means the same on MPI as in process, which chapter 12's hook needs.
 //! Widening the whole tensor to float32 before the call would be simpler,
 //! and would send float32: the bytes the hook exists to save.
-//!
-//! Tested by `cargo test --features mpi --test mpi bf16` (bitwise against
-//! the in-process backend, on 2 and 3 processes).
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;

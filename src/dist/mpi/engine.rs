@@ -1,4 +1,4 @@
-//! src/dist/mpi/engine.rs: the communication thread. Every MPI call of this
+//! The communication thread. Every MPI call of this
 //! process is made here, as gloo and NCCL keep a thread of their own: the
 //! caller hands over a job and waits on its `Done` (or, for an asynchronous
 //! all-reduce, goes on computing while this thread drives MPI's progress).

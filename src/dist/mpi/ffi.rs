@@ -1,4 +1,4 @@
-//! src/dist/mpi/ffi.rs: every raw MPI call the backend makes, in one place.
+//! Every raw MPI call the backend makes, in one place.
 //! Each wrapper turns MPI's error code into a message; the communication
 //! thread (`engine.rs`) is their only caller. Try the backend with
 //! `cargo test --features mpi --test mpi`.

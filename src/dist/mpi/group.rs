@@ -1,4 +1,4 @@
-//! src/dist/mpi/group.rs: `MpiProcessGroup`, the `ProcessGroup` of one
+//! `MpiProcessGroup`, the `ProcessGroup` of one
 //! process started by mpirun. It checks and names each call, hands it to
 //! the communication thread (`engine.rs`) and waits for the result. Try it:
 //! `cargo test --features mpi --test mpi`.

@@ -1,4 +1,4 @@
-//! src/dist/mpi/job.rs: one call of the MPI backend as the communication
+//! One call of the MPI backend as the communication
 //! thread carries it: what was asked (`Action`), the MPI requests in flight
 //! for it, and the `Done` slot where the caller finds the result. Try it:
 //! `cargo test --features mpi --test mpi`.

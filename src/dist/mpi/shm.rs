@@ -1,4 +1,4 @@
-//! src/dist/mpi/shm.rs: the MPI backend's all-reduce at memory speed. The
+//! The MPI backend's all-reduce at memory speed. The
 //! ranks on one machine (a node) reduce through an MPI-3 shared-memory
 //! window instead of Open MPI's collectives: each rank reduces one fixed
 //! slice of the tensor, in place in the window (the in-process backend's

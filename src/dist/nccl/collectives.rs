@@ -1,4 +1,4 @@
-//! src/dist/nccl/collectives.rs: the `ProcessGroup` calls of
+//! The `ProcessGroup` calls of
 //! `NcclProcessGroup` (group.rs has the machinery they share: checks,
 //! signatures, launch, and the wait with its deadline).
 

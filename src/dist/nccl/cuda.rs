@@ -1,9 +1,8 @@
-//! src/dist/nccl/cuda.rs: the CUDA driver calls of the NCCL backend, through
+//! The CUDA driver calls of the NCCL backend, through
 //! cudarc's `result` layer: the GPU's context, the default stream libtorch
 //! uses, and events. cudarc opens the driver the first time one of its
 //! functions is called, and panics if it cannot; so nothing here calls the
-//! driver before [`cuda_library`] has found it. Tested by
-//! `cargo test --features nccl --test nccl`.
+//! driver before [`cuda_library`] has found it.
 
 use cudarc::driver::{result as cuda, sys as cuda_sys, DriverError};
 

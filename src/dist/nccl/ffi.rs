@@ -1,9 +1,8 @@
-//! src/dist/nccl/ffi.rs: the raw NCCL calls of the NCCL backend, through
+//! The raw NCCL calls of the NCCL backend, through
 //! cudarc's `result` layer, each failure turned into a sentence (the CUDA
 //! driver's are in cuda.rs). cudarc opens NCCL the first time one of its
 //! functions is called, and panics if it cannot; so nothing here calls
-//! NCCL before [`nccl_library`] has found it. Tested by
-//! `cargo test --features nccl --test nccl`.
+//! NCCL before [`nccl_library`] has found it.
 
 use std::ffi::{c_void, CStr};
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! src/dist/nccl/group.rs: `NcclProcessGroup`, the `ProcessGroup` of one
+//! `NcclProcessGroup`, the `ProcessGroup` of one
 //! rank on one GPU. Each call checks its tensors, (in debug mode) compares
 //! its signature with every rank's, queues the NCCL call on the group's own
 //! stream behind libtorch's work, and waits for its event with a deadline.

@@ -1,4 +1,4 @@
-//! src/dist/nccl/kept.rs: the tensors of NCCL calls that failed. A failed
+//! The tensors of NCCL calls that failed. A failed
 //! call aborts the communicator (`ncclCommAbort`), which returns while the
 //! call's kernels may still run on the GPU, or not even have started (the
 //! group's stream first waits for libtorch's queued work). Freeing the

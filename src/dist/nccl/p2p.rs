@@ -1,4 +1,4 @@
-//! src/dist/nccl/p2p.rs: `send` and `recv` on NCCL. An NCCL send does not
+//! `send` and `recv` on NCCL. An NCCL send does not
 //! complete until its receiver posts the matching receive, and it holds its
 //! stream until then: two ranks that each send first and receive second (a
 //! ring) would each wait for the other forever. So a send is only queued

@@ -1,4 +1,4 @@
-//! xtask/src/bin/workbook.rs: `cargo workbook`, the learner's command, in
+//! `cargo workbook`, the learner's command, in
 //! the spirit of rustlings' CLI (`cargo workbook` is an alias in
 //! .cargo/config.toml; it builds in seconds and needs no libtorch itself):
 //!

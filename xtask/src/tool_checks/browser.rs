@@ -1,4 +1,4 @@
-//! xtask/src/tool_checks/browser.rs: the `browser` check. The book in a real
+//! The `browser` check. The book in a real
 //! browser: first the checker's own test (scripts/test_check_book_in_browser.py:
 //! it must catch every problem planted in scripts/testdata/browser_book/),
 //! then `mdbook build` and scripts/check_book_in_browser.py on book/, which

@@ -1,4 +1,4 @@
-//! xtask/src/tool_checks/multinode.rs: the `multinode` check. It runs
+//! The `multinode` check. It runs
 //! `tests/multinode.rs` (jobs on 2 nodes x 2 ranks that scripts/nodes.sh
 //! makes on this machine: training, a killed remote rank, a downed link,
 //! resume from rank 0's disk, --max-restarts), counted per test, one test

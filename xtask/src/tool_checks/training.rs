@@ -1,4 +1,4 @@
-//! xtask/src/tool_checks/training.rs: the `train` and `mpi` checks. Each
+//! The `train` and `mpi` checks. Each
 //! runs the real training run (in-process ranks, then 2 MPI processes) and
 //! passes only when it reaches its accuracy target and its report says that
 //! the replicas ended bitwise equal; `mpi` also compares its final state's

@@ -1,4 +1,4 @@
-//! xtask/src/workbook/hints.rs: the graded hints of a chapter, read from
+//! The graded hints of a chapter, read from
 //! `src/chNN_*/hints.md`, where each hint sits between
 //! `<!-- ANCHOR: <function>-<n> -->` and `<!-- ANCHOR_END: <function>-<n> -->`
 //! (the book includes the same blocks, collapsed), and which of them the

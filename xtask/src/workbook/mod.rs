@@ -1,4 +1,4 @@
-//! xtask/src/workbook/mod.rs: what `cargo workbook` knows about the
+//! What `cargo workbook` knows about the
 //! chapters: where each one's files are, which exercises it has, and how far
 //! the learner has got. The command itself is `xtask/src/bin/workbook.rs`.
 //! Unit tests: xtask/tests/workbook.rs (`cargo test -p xtask`).

@@ -1,4 +1,4 @@
-//! xtask/src/workbook/ranking.rs: which of a chapter's failures `cargo
+//! Which of a chapter's failures `cargo
 //! workbook test` shows first. A wrong function makes several tests fail,
 //! and the one that failed first is often a test of another function that
 //! calls it (a wrong `open_no_sync` breaks `accumulate_and_step`'s test

@@ -1,4 +1,4 @@
-//! xtask/src/workbook/verdict.rs: a chapter's test run, told to a learner:
+//! A chapter's test run, told to a learner:
 //! which of the chapter's claims hold, what the most telling failure says
 //! (`ranking.rs` chooses it), and what to do next. Unit tests:
 //! xtask/tests/workbook.rs.

@@ -1,4 +1,4 @@
-//! src/dist/mpi/engine/agreed.rs: the calls the communication thread makes
+//! The calls the communication thread makes
 //! with MPI's blocking functions, which have no deadline: `new_group`'s
 //! split and `alloc_buffer`'s shared memory. Both are always agreed first
 //! (their signatures exchanged, whatever `DDP_DEBUG` says), so every rank

@@ -1,4 +1,4 @@
-//! src/dist/mpi/engine/failures.rs: how the communication thread
+//! How the communication thread
 //! (`engine.rs`) fails and ends. A missed deadline or a failed MPI call
 //! breaks every communicator, and from then on the jobs in flight are kept,
 //! never freed, because MPI may still write into their buffers until the

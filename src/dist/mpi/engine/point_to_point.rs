@@ -1,4 +1,4 @@
-//! src/dist/mpi/engine/point_to_point.rs: how the communication thread
+//! How the communication thread
 //! carries `send` and `recv`: each message is preceded by its signature
 //! (dtype and shape), so a receive into the wrong tensor ends as a
 //! `Mismatch` naming both sides instead of MPI's truncation error or a

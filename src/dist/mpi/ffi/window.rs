@@ -1,4 +1,4 @@
-//! src/dist/mpi/ffi/window.rs: the raw MPI calls of the shared-memory
+//! The raw MPI calls of the shared-memory
 //! all-reduce (`shm.rs`): the node's communicator, the blocking
 //! collectives it makes once when the job starts, and the MPI-3 window
 //! whose memory every rank of the node reads and writes directly. Try it:

@@ -1,4 +1,4 @@
-//! src/dist/mpi/group/checks.rs: what `MpiProcessGroup` refuses before a
+//! What `MpiProcessGroup` refuses before a
 //! call reaches the communication thread (so before any peer waits on it):
 //! tensors MPI cannot carry, ranks outside the group, reductions MPI has no
 //! operation for. Try it: `cargo test --features mpi --test mpi`.

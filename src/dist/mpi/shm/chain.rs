@@ -1,4 +1,4 @@
-//! src/dist/mpi/shm/chain.rs: the leaders' part of a shared-memory
+//! The leaders' part of a shared-memory
 //! all-reduce across nodes (`shm.rs` says when it runs): node k's leader
 //! receives the partial sum of nodes 0..k into its node's result area, and
 //! passes its node's on; the last leader broadcasts the total. Try it:

@@ -1,4 +1,4 @@
-//! src/dist/mpi/shm/fold.rs: the sum of one slice over a node's ranks, in
+//! The sum of one slice over a node's ranks, in
 //! rank order, as a plain loop, for the sums DDP makes (float32, float64,
 //! bfloat16). libtorch would compute the same bits, but on a large slice
 //! it wakes its OpenMP threads, which on a busy machine fight the other

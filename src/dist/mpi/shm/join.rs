@@ -1,4 +1,4 @@
-//! src/dist/mpi/shm/join.rs: how a process finds its node when the job
+//! How a process finds its node when the job
 //! starts (`Node::join`), and the settings that decide whether the world's
 //! all-reduces go through shared memory (`shm.rs`). Try it:
 //! `cargo test --features mpi --test mpi shared_memory`.

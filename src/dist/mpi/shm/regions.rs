@@ -1,4 +1,4 @@
-//! src/dist/mpi/shm/regions.rs: buffers that every rank of the node maps
+//! Buffers that every rank of the node maps
 //! (`ProcessGroup::alloc_buffer`, PyTorch's and NCCL's "symmetric memory"),
 //! and the all-reduce that sums them where they lie, with no copy. DDP's
 //! gradient buckets are made here (`src/ddp/buckets.rs`). Try it:

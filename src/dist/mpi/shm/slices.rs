@@ -1,4 +1,4 @@
-//! src/dist/mpi/shm/slices.rs: the memory work of one shared-memory
+//! The memory work of one shared-memory
 //! all-reduce (`shm.rs` says when each part runs): growing the window,
 //! copying this rank's tensor into it, reducing this rank's slice over the
 //! node's ranks in rank order, and copying the result out; or, for buffers
