@@ -16,14 +16,7 @@
 
 use std::path::Path;
 
-/// The modules of `src/` that are the workbook's chapters: `ch01_collectives`, ...
-pub fn is_chapter(module: &str) -> bool {
-    let bytes = module.as_bytes();
-    bytes.len() > 5
-        && module.starts_with("ch")
-        && bytes[2..4].iter().all(u8::is_ascii_digit)
-        && bytes[4] == b'_'
-}
+use crate::layout::{is_chapter, rust_files_under};
 
 /// A module a rule forbids: one by name, or every chapter.
 #[derive(Clone, Copy, Debug)]
@@ -106,7 +99,7 @@ pub struct LayeringOutcome {
 pub fn check_layering(root: &Path) -> LayeringOutcome {
     let mut outcome = LayeringOutcome::default();
     for top in ["src", "examples", "tests"] {
-        for file in crate::stubs_check::rust_files_under(&root.join(top)) {
+        for file in rust_files_under(&root.join(top)) {
             let Ok(text) = std::fs::read_to_string(&file) else { continue };
             let relative = file.strip_prefix(root).unwrap_or(&file).to_string_lossy().replace('\\', "/");
             outcome.files_scanned += 1;

@@ -13,10 +13,11 @@ pub mod figures_check; // `figures`: the book's figures are what examples/figure
 pub mod files_check; // `files`: every repository path the text mentions exists
 pub mod gpu; // is there a GPU? then the GPU tests run, else they are skipped with their reason
 pub mod layering_check; // `layering`: the library never imports a chapter, and the layers go one way
+pub mod layout; // which modules are chapters, and the Rust files under a folder
 pub mod libtest_json; // libtest's --format json events, counted per test
 pub mod process; // running a command with a log, an optional time limit
+pub mod pub_fns; // a Rust file's `pub fn`s, their docs, signatures and bodies, read with syn
 pub mod report; // the OK/FAIL/SKIP lines and the closing summary line
-pub mod rust_source; // just enough Rust lexing to find `pub fn`s and their docs
 pub mod seams_check; // `layering`, part 2: only the chapters and their tests use `ddp::seams`
 pub mod selection; // the checks, and which of them `--only`/`--skip` run
 pub mod stubs_check; // `stubs`: exercises carry their solutions' docs

@@ -29,7 +29,7 @@ pub const SEAM_EXCEPTIONS: &[(&str, &str)] = &[
 /// seams: a chapter's module (`src/chNN_*/`), a chapter's tests
 /// (`tests/chapter_NN.rs`, `tests/chapter_NN/`), or an exception above.
 pub fn may_use_seams(relative: &str) -> bool {
-    let chapter_folder = |rest: &str| rest.split('/').next().is_some_and(crate::layering_check::is_chapter);
+    let chapter_folder = |rest: &str| rest.split('/').next().is_some_and(crate::layout::is_chapter);
     let chapter_test = |rest: &str| {
         let first = rest.split('/').next().unwrap_or("").trim_end_matches(".rs");
         first.strip_prefix("chapter_").is_some_and(|n| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))

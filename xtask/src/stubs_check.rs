@@ -7,7 +7,7 @@
 //! `todo!("exercise chNN: NAME ...")` (comments aside), naming the function:
 //! the message the teeth check and `cargo workbook` look for. And every
 //! function of solution.rs (defined or re-exported) must have its stub.
-//! Run it: `cargo xtask test --only stubs`. Unit tests: xtask/tests/stubs_check.rs.
+//! The files are read with syn (pub_fns.rs). Run it: `cargo xtask test --only stubs`. Unit tests: xtask/tests/stubs_check.rs.
 //!
 //! Why: a learner reads only the exercise file. A doc comment that drifted
 //! from the solution describes a function the tests do not check; code left
@@ -15,10 +15,11 @@
 //! solution function without a stub is an exercise the learner never sees.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::layout::{chapter_dirs, rust_files_under};
+use crate::pub_fns::{self, PubFn, RustFile};
 use crate::report::{Outcome, Report};
-use crate::rust_source::{blank_comments_and_literals, canonical_signature, public_fns, public_uses, PubFn};
 use crate::Context;
 
 /// What the check found, over every chapter.
@@ -31,72 +32,63 @@ pub struct StubsOutcome {
 }
 
 /// A `pub fn` and the file it is in (a path relative to the repository).
-struct Located {
-    file: String,
-    item: PubFn,
+struct Located<'a> {
+    file: &'a str,
+    item: &'a PubFn,
 }
 
-/// The chapter folders that have an exercise: (`01`, src/ch01_collectives).
-pub fn chapter_dirs(root: &Path) -> Vec<(String, PathBuf)> {
-    let Ok(entries) = fs::read_dir(root.join("src")) else { return Vec::new() };
-    let mut chapters: Vec<(String, PathBuf)> = entries
-        .filter_map(|entry| entry.ok())
-        .filter_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            let nn = name.strip_prefix("ch")?.get(..2)?.to_string();
-            let chapter_dir = nn.bytes().all(|b| b.is_ascii_digit()) && name[4..].starts_with('_');
-            (chapter_dir && entry.path().join("exercise.rs").is_file()).then(|| (nn, entry.path()))
-        })
-        .collect();
-    chapters.sort();
-    chapters
+/// A file read with syn, named by its path relative to the repository.
+struct Read {
+    file: String,
+    found: RustFile,
+}
+
+/// `path` read with syn; a file that cannot be read is a problem, and counts as empty.
+fn read(root: &Path, path: &Path, problems: &mut Vec<String>) -> Read {
+    let file = path.strip_prefix(root).unwrap_or(path).display().to_string();
+    let found =
+        match fs::read_to_string(path).map_err(|e| e.to_string()).and_then(|text| pub_fns::read(&text)) {
+            Ok(found) => found,
+            Err(error) => {
+                problems.push(format!(
+                    "{file}: cannot be read as Rust ({error}): the stubs check needs it to parse"
+                ));
+                RustFile::default()
+            }
+        };
+    Read { file, found }
 }
 
 pub fn check_stubs(root: &Path) -> StubsOutcome {
     let mut outcome = StubsOutcome::default();
-    let shared_files = rust_files_under(&root.join("src/ddp"));
+    let problems = &mut outcome.problems;
+    let shared: Vec<Read> =
+        rust_files_under(&root.join("src/ddp")).iter().map(|path| read(root, path, problems)).collect();
     for (nn, dir) in chapter_dirs(root) {
         outcome.chapters += 1;
-        let relative = |path: &Path| path.strip_prefix(root).unwrap_or(path).display().to_string();
-        let exercise_path = dir.join("exercise.rs");
-        let solution_path = dir.join("solution.rs");
-        let exercise = fs::read_to_string(&exercise_path).unwrap_or_default();
-        let solution = fs::read_to_string(&solution_path).unwrap_or_default();
-        let solution_fns = public_fns(&solution);
-        let stubs = public_fns(&exercise);
-        check_every_solution_fn_has_a_stub(
-            &nn,
-            &solution,
-            &stubs,
-            &relative(&solution_path),
-            &relative(&exercise_path),
-            &mut outcome.problems,
-        );
-        for stub in stubs {
+        let exercise = read(root, &dir.join("exercise.rs"), problems);
+        let solution = read(root, &dir.join("solution.rs"), problems);
+        check_every_solution_fn_has_a_stub(&nn, &solution, &exercise, problems);
+        for stub in &exercise.found.fns {
             outcome.functions += 1;
-            let stub = Located { file: relative(&exercise_path), item: stub };
+            let stub = Located { file: &exercise.file, item: stub };
             let label = format!("ch{nn} {}", stub.item.name);
-            check_todo(&label, &nn, &stub, &mut outcome.problems);
-            let reference = match solution_fns.iter().find(|item| item.name == stub.item.name) {
-                Some(item) => Some(Located { file: relative(&solution_path), item: item.clone() }),
-                None => find_in_files(&shared_files, &stub.item.name, root),
-            };
+            check_todo(&label, &nn, &stub, problems);
+            let reference =
+                std::iter::once(&solution).chain(&shared).find_map(|read| defining(read, &stub.item.name));
             let Some(reference) = reference else {
-                let where_else = if shared_files.is_empty() { "src/ddp/ (none there)" } else { "src/ddp/" };
-                outcome.problems.push(format!(
+                let where_else = if shared.is_empty() { "src/ddp/ (none there)" } else { "src/ddp/" };
+                problems.push(format!(
                     "{label}: {}:{}: no `pub fn {}` in {} nor under {where_else}: not found",
-                    stub.file,
-                    stub.item.line,
-                    stub.item.name,
-                    relative(&solution_path)
+                    stub.file, stub.item.line, stub.item.name, solution.file
                 ));
                 continue;
             };
             if let Some(problem) = compare_docs(&label, &stub, &reference) {
-                outcome.problems.push(problem);
+                problems.push(problem);
             }
-            if canonical_signature(&stub.item.signature) != canonical_signature(&reference.item.signature) {
-                outcome.problems.push(format!(
+            if stub.item.canonical != reference.item.canonical {
+                problems.push(format!(
                     "{label}: the signatures differ\n      exercise  {}:{}  {}\n      solution  {}:{}  {}",
                     stub.file,
                     stub.item.line,
@@ -111,28 +103,27 @@ pub fn check_stubs(root: &Path) -> StubsOutcome {
     outcome
 }
 
+/// The `pub fn name` of `read`, if it defines one.
+fn defining<'a>(read: &'a Read, name: &str) -> Option<Located<'a>> {
+    let item = read.found.fns.iter().find(|item| item.name == name)?;
+    Some(Located { file: &read.file, item })
+}
+
 /// The stub's body must be the chapter's todo!, naming the function, and
 /// nothing else but comments.
 fn check_todo(label: &str, nn: &str, stub: &Located, problems: &mut Vec<String>) {
     let expected = format!("todo!(\"exercise ch{nn}: {} ...\")", stub.item.name);
     let where_ = format!("{}:{}", stub.file, stub.item.line);
-    let Some(body) = stub.item.body.as_deref() else {
-        return problems.push(format!("{label}: {where_}: has no body: give it {expected}"));
-    };
-    // Comments and the literal's text blanked: only the code is left.
-    let code = blank_comments_and_literals(body);
-    let compact: String = code.chars().filter(|c| !c.is_whitespace()).collect();
-    if compact != "todo!(\"\")" && compact != "todo!(\"\");" {
+    if !stub.item.body_is_one_todo() {
         return problems.push(format!(
             "{label}: {where_}: the body must be only {expected} (comments may stay): \
              code beside it could pass a test on the untouched stubs"
         ));
     }
-    // Positions are kept by the blanking: the literal's text is at the quote.
-    let quote = code.find('"').map_or(body.len(), |at| at + 1);
-    let message = &body[quote..];
     let prefix = format!("exercise ch{nn}: {}", stub.item.name);
-    let names_itself = message.strip_prefix(&prefix).is_some_and(|rest| rest.starts_with([' ', '"']));
+    let names_itself = stub.item.todo_messages().iter().any(|message| {
+        message.strip_prefix(&prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
+    });
     if !names_itself {
         problems.push(format!(
             "{label}: {where_}: the todo! must say {expected}: the teeth check and `cargo workbook` read that message"
@@ -144,20 +135,23 @@ fn check_todo(label: &str, nn: &str, stub: &Located, problems: &mut Vec<String>)
 /// `pub use` (types, named in CamelCase, aside), must have a stub.
 fn check_every_solution_fn_has_a_stub(
     nn: &str,
-    solution: &str,
-    stubs: &[PubFn],
-    solution_file: &str,
-    exercise_file: &str,
+    solution: &Read,
+    exercise: &Read,
     problems: &mut Vec<String>,
 ) {
-    let defined = public_fns(solution).into_iter().map(|item| (item.line, item.name));
-    let reexported =
-        public_uses(solution).into_iter().filter(|(_, name)| !name.starts_with(char::is_uppercase));
+    let defined = solution.found.fns.iter().map(|item| (item.line, &item.name));
+    let reexported = solution
+        .found
+        .uses
+        .iter()
+        .filter(|(_, name)| !name.starts_with(char::is_uppercase))
+        .map(|(l, n)| (*l, n));
     for (line, name) in defined.chain(reexported) {
-        if !stubs.iter().any(|stub| stub.name == name) {
+        if !exercise.found.fns.iter().any(|stub| &stub.name == name) {
             problems.push(format!(
-                "ch{nn} {name}: {solution_file}:{line}: `{name}` has no stub in {exercise_file}: \
-                 give it one, with the solution's doc comment and signature and a todo!"
+                "ch{nn} {name}: {}:{line}: `{name}` has no stub in {}: \
+                 give it one, with the solution's doc comment and signature and a todo!",
+                solution.file, exercise.file
             ));
         }
     }
@@ -179,33 +173,6 @@ fn compare_docs(label: &str, stub: &Located, reference: &Located) -> Option<Stri
         side(stub, ours),
         side(reference, theirs)
     ))
-}
-
-/// The first of `files` (in order) that defines `pub fn name`.
-fn find_in_files(files: &[PathBuf], name: &str, root: &Path) -> Option<Located> {
-    files.iter().find_map(|path| {
-        let item = public_fns(&fs::read_to_string(path).ok()?).into_iter().find(|item| item.name == name)?;
-        let file = path.strip_prefix(root).unwrap_or(path).display().to_string();
-        Some(Located { file, item })
-    })
-}
-
-/// Every .rs file under `dir`, recursively, sorted; none if it is missing.
-pub fn rust_files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(folder) = pending.pop() {
-        let Ok(entries) = fs::read_dir(&folder) else { continue };
-        for path in entries.filter_map(|entry| Some(entry.ok()?.path())) {
-            if path.is_dir() {
-                pending.push(path);
-            } else if path.extension().is_some_and(|ext| ext == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    files
 }
 
 /// The check as the suite runs it: each problem on its own line, then one verdict.

@@ -154,3 +154,32 @@ fn controls_pass_on_the_stubs_and_are_not_counted_as_claims_about_your_code() {
     assert!(lines[0].ends_with("0 of 1 claims hold"), "{lines:?}");
     assert!(lines.iter().any(|l| l.contains("1 control passes too")), "{lines:?}");
 }
+
+#[test]
+fn an_exercise_is_unwritten_while_its_todo_stays_and_a_file_mid_edit_still_lists_its_chapter() {
+    let root = std::env::temp_dir().join(format!("xtask-workbook-edits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let chapter = root.join("src").join("ch01_ring");
+    std::fs::create_dir_all(&chapter).expect("a temporary folder");
+    let solution = "pub fn plan() {}\npub use crate::ddp::{sync, Bucket};\n";
+    std::fs::write(chapter.join("solution.rs"), solution).expect("written");
+    let chapter_now = |exercise: &str| {
+        std::fs::write(chapter.join("exercise.rs"), exercise).expect("written");
+        workbook::chapters(&root).expect("readable").remove(0)
+    };
+    // `plan` written; `sync` started, its todo! still below the new code.
+    let started = chapter_now(
+        "pub fn plan() {}\n// todo!(\"exercise ch01: plan\") in a comment is no todo\n\
+         pub fn sync() {\n    let _x = 1;\n    todo!(\"exercise ch01: sync in here\")\n}\n",
+    );
+    assert_eq!(started.exercises, ["plan", "sync"]);
+    assert_eq!(started.unwritten, ["sync"], "a todo! in a comment is no todo!");
+    assert!(!started.untouched());
+    // Half a line typed: the file does not parse, the chapter is still there, as started.
+    let mid_edit = chapter_now(
+        "pub fn plan() {\n    let x = \n}\npub fn sync() {\n    todo!(\"exercise ch01: sync\")\n}\n",
+    );
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(mid_edit.exercises, ["plan", "sync"], "the solution's functions");
+    assert!(mid_edit.unwritten.is_empty() && !mid_edit.untouched());
+}

@@ -9,7 +9,7 @@ pub mod verdict;
 
 use std::path::{Path, PathBuf};
 
-use crate::rust_source::public_fns;
+use crate::pub_fns;
 
 /// One chapter with an exercise: `src/chNN_topic/exercise.rs`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,21 +58,33 @@ pub fn chapters(root: &Path) -> std::io::Result<Vec<Chapter>> {
             continue;
         }
         let number = number.to_string();
-        let source = std::fs::read_to_string(&exercise)?;
-        let marker = format!("todo!(\"exercise ch{number}:");
-        let fns = public_fns(&source);
-        let exercises = fns.iter().map(|f| f.name.clone()).collect();
-        let unwritten = fns
-            .iter()
-            .filter(|f| f.body.as_deref().is_some_and(|body| body.contains(&marker)))
-            .map(|f| f.name.clone())
-            .collect();
+        let (exercises, unwritten) = exercises_of(&folder, &number)?;
         let topic = name.get(5..).unwrap_or("").replace('_', " ");
         let title = page_title(root, &number).unwrap_or(topic);
         found.push(Chapter { number, title, folder, exercises, unwritten });
     }
     found.sort_by(|a, b| a.number.cmp(&b.number));
     Ok(found)
+}
+
+/// The exercise's `pub fn`s, and those still holding their
+/// `todo!("exercise chNN: ...")`. Mid-edit, the learner's file may not
+/// parse: then the functions are the solution's (the `stubs` check keeps
+/// both the same) and none counts as unwritten, so that `cargo workbook`
+/// runs the tests and the compiler says what is wrong.
+fn exercises_of(folder: &Path, number: &str) -> std::io::Result<(Vec<String>, Vec<String>)> {
+    let marker = format!("exercise ch{number}:");
+    if let Ok(file) = pub_fns::read(&std::fs::read_to_string(folder.join("exercise.rs"))?) {
+        let names = file.fns.iter().map(|f| f.name.clone()).collect();
+        let unwritten = file.fns.iter().filter(|f| f.todo_messages().iter().any(|m| m.starts_with(&marker)));
+        return Ok((names, unwritten.map(|f| f.name.clone()).collect()));
+    }
+    let solution = std::fs::read_to_string(folder.join("solution.rs"))?;
+    let file = pub_fns::read(&solution).unwrap_or_default();
+    let defined = file.fns.into_iter().map(|f| f.name);
+    let reexported =
+        file.uses.into_iter().map(|(_, name)| name).filter(|n| !n.starts_with(char::is_uppercase));
+    Ok((defined.chain(reexported).collect(), Vec::new()))
 }
 
 /// The `# Title` of the book page `chapters/NN-*.md`.
