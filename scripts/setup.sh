@@ -17,7 +17,8 @@
 #      `nccl` feature;
 #   7. installs Open MPI and libclang with apt-get (as root, or through
 #      sudo), for the `mpi` feature: ranks as processes started by mpirun;
-#      and Chromium, for the suite's `browser` check of the book;
+#      and Chromium with its chromedriver, and Selenium in .venv, with
+#      which the suite's `browser` check opens the book;
 #   8. installs mdBook, the tool that builds the book in chapters/
 #      (compiled at opt-level 1: a few minutes on 2 cores);
 #   9. renders the book to book/ (open book/index.html);
@@ -274,15 +275,29 @@ step_notebooks() {
 }
 
 # Open MPI (mpirun, mpicc and the headers) and libclang, which the `mpi`
-# crate's build uses to read mpi.h; and Chromium, in which the suite's
-# `browser` check opens the book (about 50 s more on a fresh machine).
-# Debian and Ubuntu package names.
-MPI_PACKAGES=(openmpi-bin libopenmpi-dev libclang-dev chromium)
+# crate's build uses to read mpi.h; and Chromium and its chromedriver, in
+# which the suite's `browser` check opens the book through Selenium (about
+# 50 s more on a fresh machine). Debian and Ubuntu package names.
+MPI_PACKAGES=(openmpi-bin libopenmpi-dev libclang-dev chromium chromium-driver)
+SELENIUM_VERSION=4.51.0
+
+# Selenium (pip, into .venv: no root needed), pinned like the other packages.
+ensure_selenium() {
+    local have
+    have="$("$VENV_PYTHON" -c 'import selenium; print(selenium.__version__)' 2>/dev/null || true)"
+    [[ "$have" == "$SELENIUM_VERSION" ]] && return
+    say "installing selenium==$SELENIUM_VERSION into .venv (the browser check drives Chromium with it)"
+    "$VENV_PYTHON" -m pip install --no-input "$(pip_progress_flag)" "selenium==$SELENIUM_VERSION" ||
+        fail "pip could not install selenium==$SELENIUM_VERSION (see pip's message above)." \
+             "Check the network, then run scripts/setup.sh again."
+}
 
 step_mpi() {
+    ensure_selenium
     if command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1 &&
-        compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null && command -v chromium >/dev/null 2>&1; then
-        done_already "$(mpirun --version 2>/dev/null | head -1), mpicc, libclang and $(chromium --version 2>/dev/null)"
+        compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null && command -v chromium >/dev/null 2>&1 &&
+        command -v chromedriver >/dev/null 2>&1; then
+        done_already "$(mpirun --version 2>/dev/null | head -1), mpicc, libclang, $(chromium --version 2>/dev/null), chromedriver and selenium $SELENIUM_VERSION"
         return
     fi
     local sudo=()
