@@ -1,14 +1,15 @@
 //! The pieces of `cargo xtask test`, the ddp-workbook test
 //! suite (scripts/test.sh runs it), and of `cargo workbook`, the learner's
-//! command (`xtask/src/bin/workbook.rs`). `main.rs` reads the command line and runs
-//! the checks in order; everything else lives in these modules so that the
-//! parsers can be unit-tested: `cargo test -p xtask`.
+//! command (`xtask/src/bin/workbook.rs`). `main.rs` runs the checks that the
+//! command line (cli.rs, read by clap) asks for, in order; everything else
+//! lives in these modules so that it can be unit-tested: `cargo test -p xtask`.
 //!
 //! This crate has no dependency on tch or libtorch on purpose: it builds in
 //! seconds, and it can report a broken libtorch build instead of being one.
 
 pub mod book_includes; // `includes`: every {{#include}} of the book resolves
 pub mod cargo_json; // cargo's --message-format=json: test executables, errors
+pub mod cli; // `cargo xtask`'s command line (clap): `test` and its checks, `waits`
 pub mod figures_check; // `figures`: the book's figures are what examples/figures.rs draws
 pub mod files_check; // `files`: every repository path the text mentions exists
 pub mod gpu; // is there a GPU? then the GPU tests run, else they are skipped with their reason

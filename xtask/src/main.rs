@@ -10,32 +10,29 @@
 //! The last line printed is the summary CI reads, alone on its line:
 //! `N passed, N failed[, N skipped]` (a check left out counts as skipped);
 //! the exit status is 1 when anything failed, 2 for a bad command line. The
-//! checks and the command line are in selection.rs.
+//! command line is in cli.rs, the checks in selection.rs.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::{CommandFactory, Parser};
+use xtask::cli::{Cli, Command};
 use xtask::report::{Outcome, Report};
-use xtask::selection::{check_named, help, parse_args, Request};
+use xtask::selection::{check_named, select};
 use xtask::Context;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    // `cargo xtask waits`: the learner's waits, measured (xtask/src/waits.rs).
-    if args.first().is_some_and(|command| command == "waits") {
-        return xtask::waits::main(&args[1..]);
-    }
-    let selection = match parse_args(&args) {
-        Ok(Request::Run(selection)) => selection,
-        Ok(Request::Help) => {
-            print!("{}", help());
+    // A bad command line: clap says what is wrong (an unknown check: which
+    // ones there are) and exits with status 2.
+    let (only, skip) = match Cli::parse().command {
+        Some(Command::Test { only, skip }) => (only, skip),
+        Some(Command::Waits(options)) => return xtask::waits::main(&options),
+        None => {
+            print!("{}", Cli::command().render_help());
             return ExitCode::SUCCESS;
         }
-        Err(problem) => {
-            eprintln!("cargo xtask: {problem}\n\n{}", help());
-            return ExitCode::from(2);
-        }
     };
+    let selection = select(&only, &skip);
     let ctx = match Context::new() {
         Ok(ctx) => ctx,
         Err(error) => {

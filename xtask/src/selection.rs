@@ -1,8 +1,8 @@
 //! The suite's checks, and which of them a command
-//! line runs: `cargo xtask test [--only A,B] [--skip C]`. A check left out
-//! by `--only` or `--skip` is still named, so that the summary counts it as
-//! skipped: a run of one part never reads like a run of everything.
-//! Unit tests: xtask/tests/selection.rs (`cargo test -p xtask`).
+//! line runs: `cargo xtask test [--only A,B] [--skip C]` (cli.rs reads it).
+//! A check left out by `--only` or `--skip` is still named, so that the
+//! summary counts it as skipped: a run of one part never reads like a run
+//! of everything. Unit tests: xtask/tests/selection.rs (`cargo test -p xtask`).
 
 use crate::report::Report;
 use crate::{
@@ -132,13 +132,6 @@ pub fn check_named(name: &str) -> Option<&'static Check> {
     CHECKS.iter().find(|check| check.name == name)
 }
 
-/// What a command line asks for.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Request {
-    Help,
-    Run(Selection),
-}
-
 /// The checks to run, in suite order, and those left out with the reason.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Selection {
@@ -146,65 +139,19 @@ pub struct Selection {
     pub left_out: Vec<(&'static str, &'static str)>,
 }
 
-/// Reads `test [--only A,B] [--skip C]` (the words after `cargo xtask`).
-pub fn parse_args(args: &[String]) -> Result<Request, String> {
-    let mut args = args.iter();
-    match args.next().map(String::as_str) {
-        Some("test") => {}
-        Some("-h" | "--help" | "help") | None => return Ok(Request::Help),
-        Some(other) => return Err(format!("unknown command `{other}` (the only one is `test`)")),
-    }
-    let (mut only, mut skip) = (Vec::new(), Vec::new());
-    while let Some(arg) = args.next() {
-        let (flag, inline_value) = match arg.split_once('=') {
-            Some((flag, value)) => (flag, Some(value.to_string())),
-            None => (arg.as_str(), None),
-        };
-        let list = match flag {
-            "-h" | "--help" => return Ok(Request::Help),
-            "--only" => &mut only,
-            "--skip" => &mut skip,
-            _ => return Err(format!("unknown argument `{arg}`")),
-        };
-        let value =
-            inline_value.or_else(|| args.next().cloned()).ok_or(format!("{flag} needs a list of checks"))?;
-        for name in value.split(',').map(str::trim).filter(|name| !name.is_empty()) {
-            let check =
-                check_named(name).ok_or(format!("unknown check `{name}` (cargo xtask --help lists them)"))?;
-            list.push(check.name);
-        }
-    }
+/// Which checks `cargo xtask test --only ONLY --skip SKIP` runs: all but
+/// those in `skip`, and when `only` names any, only those; in suite order
+/// whatever the order of the command line.
+pub fn select(only: &[String], skip: &[String]) -> Selection {
     let mut selection = Selection::default();
     for Check { name, .. } in CHECKS {
-        if skip.contains(name) {
+        if skip.iter().any(|skipped| skipped == name) {
             selection.left_out.push((name, "left out with --skip"));
-        } else if !only.is_empty() && !only.contains(name) {
+        } else if !only.is_empty() && !only.iter().any(|chosen| chosen == name) {
             selection.left_out.push((name, "not named by --only"));
         } else {
             selection.run.push(name);
         }
     }
-    Ok(Request::Run(selection))
-}
-
-/// `cargo xtask --help`.
-pub fn help() -> String {
-    let mut text = String::from(
-        "cargo xtask test: the ddp-workbook test suite (what scripts/test.sh and CI run)\n\n\
-         Usage: cargo xtask test [--only CHECK[,CHECK...]] [--skip CHECK[,CHECK...]]\n\n\
-         Checks, in the order they run (each runs even when an earlier one failed):\n",
-    );
-    for Check { name, what, .. } in CHECKS {
-        text.push_str(&format!("  {name:<10} {what}\n"));
-    }
-    text.push_str(
-        "\nThe last line is the summary CI reads: N passed, N failed[, N skipped]; a check\n\
-         left out with --only or --skip counts as skipped.\n\
-         With CI set, hung steps are stopped (30 min for solutions and notebooks, 10 min\n\
-         per chapter and for train); without it, a chapter whose exercise.rs you have\n\
-         edited is skipped by teeth. Full logs: target/test-logs/.\n\n\
-         cargo xtask waits [--cold] [--runs N] [--ci-log FILE]: the learner's waits (an\n\
-         exercise's inner loop, a notebook's first output), measured; written to docs/waits.md.\n",
-    );
-    text
+    selection
 }

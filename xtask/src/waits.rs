@@ -24,6 +24,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use crate::cli::WaitsOptions;
 use crate::process::run_logged;
 use crate::waits_inner_loop::inner_loop;
 use crate::waits_log::{largest_parts, markdown_table, parse_ci_log, plain_table, Row};
@@ -32,43 +33,7 @@ use crate::Context;
 const NOTEBOOK: &str = "notebooks/00-introduction.ipynb";
 const OUTPUT: &str = "docs/waits.md";
 
-struct Options {
-    cold: bool,
-    runs: usize,
-    ci_log: Option<PathBuf>,
-}
-
-fn parse_options(args: &[String]) -> Result<Options, String> {
-    let mut options = Options { cold: false, runs: 3, ci_log: None };
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--cold" => options.cold = true,
-            "--runs" => {
-                options.runs = args
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .filter(|&n| n > 0)
-                    .ok_or("--runs needs a number above 0")?
-            }
-            "--ci-log" => {
-                options.ci_log =
-                    Some(args.next().ok_or("--ci-log needs a file: a log of `bash .ci/run`")?.into())
-            }
-            other => return Err(format!("unknown argument {other:?}; use --cold, --runs N, --ci-log FILE")),
-        }
-    }
-    Ok(options)
-}
-
-pub fn main(args: &[String]) -> ExitCode {
-    let options = match parse_options(args) {
-        Ok(options) => options,
-        Err(problem) => {
-            eprintln!("cargo xtask waits: {problem}");
-            return ExitCode::from(2);
-        }
-    };
+pub fn main(options: &WaitsOptions) -> ExitCode {
     let ctx = match Context::new() {
         Ok(ctx) => ctx,
         Err(error) => {
@@ -89,7 +54,7 @@ pub fn main(args: &[String]) -> ExitCode {
             failed = true;
         }
     };
-    add(inner_loop(&ctx, options.runs));
+    add(inner_loop(&ctx, options.runs.get()));
     add(first_output(&ctx, "a notebook's first output, in a build folder used before", None));
     add(first_output(
         &ctx,

@@ -183,3 +183,27 @@ fn an_exercise_is_unwritten_while_its_todo_stays_and_a_file_mid_edit_still_lists
     assert_eq!(mid_edit.exercises, ["plan", "sync"], "the solution's functions");
     assert!(mid_edit.unwritten.is_empty() && !mid_edit.untouched());
 }
+
+#[test]
+fn the_workbook_command_line_says_what_is_wrong_and_exits_2() {
+    let workbook = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_workbook"))
+            .args(args)
+            .output()
+            .expect("cargo workbook starts");
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    for (args, says) in [
+        (&["test"][..], "<NN>"),
+        (&["test", "03", "0"], "invalid value '0'"),
+        (&["hint", "03", "sync_gradients", "two"], "invalid value 'two'"),
+        (&["tset", "03"], "unrecognized subcommand 'tset'"),
+    ] {
+        let (status, stderr) = workbook(args);
+        assert_eq!(status, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?} should say {says:?}: {stderr}");
+    }
+    let (status, stderr) = workbook(&["hint", "9"]);
+    assert_eq!(status, Some(2), "{stderr}");
+    assert!(stderr.contains("there is no chapter \"9\" with an exercise; the chapters are 01, "), "{stderr}");
+}

@@ -12,27 +12,65 @@
 //! Underneath it is `cargo test --test chapter_NN`, which stays the
 //! documented way to check a chapter.
 
+use std::num::NonZeroUsize;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
+use clap::Parser;
 use xtask::libtest_json::SuiteTally;
 use xtask::workbook::{self, hints, verdict, Chapter};
 use xtask::{test_executables, Context};
 
-const HELP: &str = "cargo workbook: work through the ddp-workbook chapters
+#[derive(Parser)]
+#[command(
+    name = "cargo workbook",
+    bin_name = "cargo workbook",
+    about = "Work through the ddp-workbook chapters",
+    after_help = "Plain `cargo test --test chapter_NN` runs the same tests. The hints you have\n\
+                  seen are remembered in target/workbook/ (`cargo clean` forgets them)."
+)]
+struct Cli {
+    /// None: `list`.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
 
-Usage:
-  cargo workbook [list]             the chapters, their exercises and state
-  cargo workbook test NN [K]        run chapter NN's tests on your exercise, with a verdict
-                                    and its K-th most telling failure in full (1 if not given)
-  cargo workbook hint NN [FN [K]]   the next hint for chapter NN (or hint K of function FN)
-  cargo workbook watch NN           run `test NN` again each time a file of the chapter changes
-Plain `cargo test --test chapter_NN` runs the same tests. The hints you have
-seen are remembered in target/workbook/ (`cargo clean` forgets them).";
+#[derive(clap::Subcommand)]
+enum Command {
+    /// The chapters, their exercises and state (what plain `cargo workbook` shows)
+    List,
+    /// Run chapter NN's tests on your exercise, with a verdict
+    Test {
+        /// The chapter: 3, 03, ch03 or chapter_03
+        #[arg(value_name = "NN")]
+        chapter: String,
+        /// Show the K-th most telling failure in full
+        #[arg(value_name = "K", default_value = "1")]
+        shown: NonZeroUsize,
+    },
+    /// The next hint for chapter NN, or the next of function FN, or its hint K
+    Hint {
+        /// The chapter: 3, 03, ch03 or chapter_03
+        #[arg(value_name = "NN")]
+        chapter: String,
+        /// One of the chapter's exercise functions
+        #[arg(value_name = "FN")]
+        function: Option<String>,
+        /// Which of its hints: 1 (the idea), 2 (the API), 3 (near-code)
+        #[arg(value_name = "K")]
+        step: Option<usize>,
+    },
+    /// Run `test NN` again each time a file of the chapter changes
+    Watch {
+        /// The chapter: 3, 03, ch03 or chapter_03
+        #[arg(value_name = "NN")]
+        chapter: String,
+    },
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    // A bad command line: clap says what is wrong and exits with status 2.
+    let command = Cli::parse().command.unwrap_or(Command::List);
     let ctx = match Context::new() {
         Ok(ctx) => ctx,
         Err(error) => return fail(&format!("cannot create target/test-logs: {error}")),
@@ -47,22 +85,15 @@ fn main() -> ExitCode {
             format!("there is no chapter {asked:?} with an exercise; the chapters are {}", known.join(", "))
         })
     };
-    let result = match words.as_slice() {
-        [] | ["list"] => list(&ctx, &chapters),
-        ["test", asked] => chapter(asked).and_then(|c| test(&ctx, c, 1).map(|_| ())),
-        ["test", asked, shown] => match shown.parse::<usize>() {
-            Ok(shown) if shown >= 1 => chapter(asked).and_then(|c| test(&ctx, c, shown).map(|_| ())),
-            _ => Err(format!(
-                "`cargo workbook test {asked} K` takes K = 1, 2, ...: the failure to show in full"
-            )),
-        },
-        ["hint", asked, rest @ ..] => chapter(asked).and_then(|c| hint(&ctx, c, rest)),
-        ["watch", asked] => chapter(asked).and_then(|c| watch(&ctx, c)),
-        ["-h" | "--help" | "help"] => {
-            println!("{HELP}");
-            Ok(())
+    let result = match command {
+        Command::List => list(&ctx, &chapters),
+        Command::Test { chapter: asked, shown } => {
+            chapter(&asked).and_then(|c| test(&ctx, c, shown.get()).map(|_| ()))
         }
-        _ => Err(format!("I do not know {:?}.\n\n{HELP}", args.join(" "))),
+        Command::Hint { chapter: asked, function, step } => {
+            chapter(&asked).and_then(|c| hint(&ctx, c, function.as_deref(), step))
+        }
+        Command::Watch { chapter: asked } => chapter(&asked).and_then(|c| watch(&ctx, c)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -161,24 +192,23 @@ fn test(ctx: &Context, chapter: &Chapter, shown: usize) -> Result<bool, String> 
 }
 
 /// `cargo workbook hint NN [FN [K]]`.
-fn hint(ctx: &Context, chapter: &Chapter, rest: &[&str]) -> Result<(), String> {
+fn hint(ctx: &Context, chapter: &Chapter, function: Option<&str>, step: Option<usize>) -> Result<(), String> {
     let file = chapter.hints_file();
     let text =
         std::fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", ctx.display(&file)))?;
     let all = hints::parse(&text);
     let mut seen = hints::Seen::load(&ctx.root);
-    let chosen = match rest {
-        [] => {
+    let chosen = match (function, step) {
+        (None, _) => {
             // The exercises still unwritten first, then the others.
             let written = chapter.exercises.iter().filter(|f| !chapter.unwritten.contains(f));
             let order: Vec<String> = chapter.unwritten.iter().chain(written).cloned().collect();
             hints::next(&all, &order, |f| seen.count(&chapter.number, f))
         }
-        [function] => all
-            .iter()
-            .find(|h| &h.function == function && h.step == seen.count(&chapter.number, function) + 1),
-        [function, step] => all.iter().find(|h| &h.function == function && step.parse() == Ok(h.step)),
-        _ => return Err(format!("usage: cargo workbook hint {} [FUNCTION [STEP]]", chapter.number)),
+        (Some(function), None) => {
+            all.iter().find(|h| h.function == function && h.step == seen.count(&chapter.number, function) + 1)
+        }
+        (Some(function), Some(step)) => all.iter().find(|h| h.function == function && h.step == step),
     };
     let Some(hint) = chosen else {
         let functions: Vec<&str> = chapter.exercises.iter().map(String::as_str).collect();
