@@ -11,12 +11,17 @@
 //! reaches: `crate::ddp::..`, `ddp_workbook::ch06_overlap::..`, a group such
 //! as `use crate::{dist, ddp::Bucket}`, `super::super::train` (resolved from
 //! the file's own module), and a `#[path = "..."]` into a chapter's folder.
-//! Doc comments count too (their examples are compiled); prose without such
-//! a path does not.
+//! The file is read as tokens (rust_tokens.rs), so a path wrapped over
+//! several lines counts and one in a string or a comment does not; the
+//! code blocks of doc comments count too (rustdoc compiles them), their
+//! prose does not.
 
 use std::path::Path;
 
+use proc_macro2::{Delimiter, TokenTree};
+
 use crate::layout::{is_chapter, rust_files_under};
+use crate::rust_tokens::{self, levels};
 
 /// A module a rule forbids: one by name, or every chapter.
 #[derive(Clone, Copy, Debug)]
@@ -107,6 +112,7 @@ pub fn check_layering(root: &Path) -> LayeringOutcome {
                 outcome.violations.extend(violations_in(&relative, &text));
             }
             outcome.violations.extend(crate::seams_check::seam_violations(&relative, &text));
+            outcome.violations.dedup(); // a file that does not lex: said once, not by both parts
         }
     }
     outcome
@@ -118,7 +124,15 @@ pub fn violations_in(relative: &str, text: &str) -> Vec<String> {
     let own_chapter = own.first().filter(|m| is_chapter(m)).cloned();
     let mut found = Vec::new();
     let in_library = relative.starts_with("src/");
-    for (line, named) in named_modules(&own, in_library, text) {
+    let named = match named_modules(&own, in_library, text) {
+        Ok(named) => named,
+        Err(error) => {
+            return vec![format!(
+                "{relative}: cannot be read as Rust tokens ({error}): the layering check needs to read it"
+            )]
+        }
+    };
+    for (line, named) in named {
         if own.first() == Some(&named) {
             continue; // a module may name itself
         }
@@ -176,42 +190,32 @@ pub fn module_path(relative: &str) -> Vec<String> {
 }
 
 /// Each (1-based line, top-level module of the crate) that `text` names,
-/// for a file whose module path is `own` (see the top of this file). In a
-/// file outside the library (`in_library` false: an example), `crate::` and
-/// `super::` are that program's own modules; only `ddp_workbook::` counts.
-pub fn named_modules(own: &[String], in_library: bool, text: &str) -> Vec<(usize, String)> {
+/// in line order, for a file whose module path is `own` (see the top of
+/// this file). In a file outside the library (`in_library` false: an
+/// example), `crate::` and `super::` are that program's own modules; only
+/// `ddp_workbook::` counts. An error says where `text` does not lex.
+pub fn named_modules(own: &[String], in_library: bool, text: &str) -> Result<Vec<(usize, String)>, String> {
     let mut named = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        let code = match line.trim_start() {
-            // Plain comments are prose; doc comments hold compiled examples.
-            rest if rest.starts_with("//") && !rest.starts_with("///") && !rest.starts_with("//!") => {
-                continue
-            }
-            rest => rest,
-        };
-        if code.starts_with("#[path") {
-            if let Some(chapter) = code.split(['/', '"']).find(|part| is_chapter(part)) {
-                named.push((index + 1, chapter.to_string()));
-            }
-        }
-        for (at, root) in path_roots(code, in_library) {
-            let rest = &code[at..];
-            let modules = match root {
-                PathRoot::Crate => first_segments(rest),
-                PathRoot::Super(count) => {
-                    // `super` from [ddp, buckets] is [ddp]: from a file at
-                    // depth d, d supers reach the crate root.
-                    if count < own.len() {
-                        vec![] // still inside its own top-level module
-                    } else {
-                        first_segments(rest)
-                    }
+    for code in rust_tokens::lex(text)? {
+        for level in levels(&code.tokens) {
+            for at in 0..level.len() {
+                if let Some(chapter) = path_attribute_chapter(&level, at) {
+                    named.push((code.line(level[at].span()), chapter));
                 }
-            };
-            named.extend(modules.into_iter().map(|module| (index + 1, module)));
+                let Some((root, after)) = path_root(&level, at, in_library) else { continue };
+                // `super` from [ddp, buckets] is [ddp]: from a file at depth
+                // d, d supers reach the crate root; fewer stay inside its
+                // own top-level module.
+                if matches!(root, PathRoot::Super(count) if count < own.len()) {
+                    continue;
+                }
+                let segments = first_segments(level.get(after));
+                named.extend(segments.into_iter().map(|(span, module)| (code.line(span), module)));
+            }
         }
     }
-    named
+    named.sort_by_key(|(line, _)| *line);
+    Ok(named)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -222,88 +226,79 @@ enum PathRoot {
     Super(usize),
 }
 
-/// Where each path rooted at the library crate starts in `code` (just
-/// after its root's `::`), and which root it has.
-fn path_roots(code: &str, in_library: bool) -> Vec<(usize, PathRoot)> {
-    let mut roots = Vec::new();
-    let bytes = code.as_bytes();
-    let starts_word =
-        |at: usize| at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
-    let prefixes: &[&str] =
-        if in_library { &["crate::", "ddp_workbook::", "super::"] } else { &["ddp_workbook::"] };
-    for &prefix in prefixes {
-        for (at, _) in code.match_indices(prefix) {
-            if !starts_word(at) || (prefix == "super::" && at >= 7 && &code[at - 7..at] == "super::") {
-                continue; // a later `super::` of a chain, counted with its first
-            }
-            let mut end = at + prefix.len();
-            let root = if prefix == "super::" {
-                let mut count = 1;
-                while code[end..].starts_with("super::") {
-                    count += 1;
-                    end += "super::".len();
-                }
-                PathRoot::Super(count)
-            } else {
-                PathRoot::Crate
-            };
-            roots.push((end, root));
-        }
-    }
-    roots
+fn is_ident(tree: Option<&TokenTree>, word: &str) -> bool {
+    matches!(tree, Some(TokenTree::Ident(ident)) if ident == word)
 }
 
-/// The first segment of the path that starts `rest`, or of each item of a
-/// group `{a, b::c}` (`tch`, `self` and upper-case names are not modules).
-fn first_segments(rest: &str) -> Vec<String> {
-    let items: Vec<&str> = match rest.strip_prefix('{') {
-        Some(group) => {
-            let (mut depth, mut end) = (0, group.len());
-            for (at, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => {
-                        end = at;
-                        break;
-                    }
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-            }
-            top_level_items(&group[..end])
+/// Whether `level[at..]` starts with `::`.
+fn is_path_separator(level: &[TokenTree], at: usize) -> bool {
+    let colon = |at: usize| matches!(level.get(at), Some(TokenTree::Punct(p)) if p.as_char() == ':');
+    colon(at) && colon(at + 1)
+}
+
+/// If a path rooted at the library crate starts at `level[at]`: its root,
+/// and where the segment after the root's `::` is. A `super::` after
+/// another is counted with the first.
+fn path_root(level: &[TokenTree], at: usize, in_library: bool) -> Option<(PathRoot, usize)> {
+    let roots: &[&str] = if in_library { &["crate", "ddp_workbook", "super"] } else { &["ddp_workbook"] };
+    let root = roots.iter().find(|root| is_ident(level.get(at), root))?;
+    if !is_path_separator(level, at + 1) {
+        return None;
+    }
+    if *root != "super" {
+        return Some((PathRoot::Crate, at + 3));
+    }
+    if at >= 3 && is_ident(level.get(at - 3), "super") && is_path_separator(level, at - 2) {
+        return None;
+    }
+    let mut count = 1;
+    while is_ident(level.get(at + 3 * count), "super") && is_path_separator(level, at + 3 * count + 1) {
+        count += 1;
+    }
+    Some((PathRoot::Super(count), at + 3 * count))
+}
+
+/// The module a path's segment is, or those of each item of a group
+/// `{a, b::c}`, with where each is (`tch`, `self` and upper-case names are
+/// not modules).
+fn first_segments(segment: Option<&TokenTree>) -> Vec<(proc_macro2::Span, String)> {
+    let module = |tree: &TokenTree| match tree {
+        TokenTree::Ident(ident) => {
+            let name = ident.to_string();
+            let is_module =
+                name != "self" && name != "tch" && name.starts_with(|c: char| c.is_ascii_lowercase());
+            is_module.then(|| (ident.span(), name))
         }
-        None => vec![rest],
+        _ => None,
     };
-    items
-        .into_iter()
-        .map(|item| {
-            item.trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
-        })
-        .filter(|segment: &String| {
-            !segment.is_empty()
-                && segment != "self"
-                && segment != "tch"
-                && segment.starts_with(|c: char| c.is_ascii_lowercase())
-        })
-        .collect()
+    match segment {
+        Some(TokenTree::Group(group)) if group.delimiter() == Delimiter::Brace => {
+            let items: Vec<TokenTree> = group.stream().into_iter().collect();
+            // Each item's first token: the group's first, and each after a comma.
+            let starts_an_item =
+                |at: usize| at == 0 || matches!(&items[at - 1], TokenTree::Punct(p) if p.as_char() == ',');
+            items
+                .iter()
+                .enumerate()
+                .filter(|(at, _)| starts_an_item(*at))
+                .filter_map(|(_, tree)| module(tree))
+                .collect()
+        }
+        Some(tree) => module(tree).into_iter().collect(),
+        None => vec![],
+    }
 }
 
-/// The comma-separated items of a group's inside, nested groups kept whole.
-fn top_level_items(inside: &str) -> Vec<&str> {
-    let (mut items, mut depth, mut start) = (Vec::new(), 0, 0);
-    for (at, c) in inside.char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(&inside[start..at]);
-                start = at + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&inside[start..]);
-    items
+/// The chapter a `#[path = ".."]` at `level[at]` reaches into, if any.
+fn path_attribute_chapter(level: &[TokenTree], at: usize) -> Option<String> {
+    let is_hash = matches!(level.get(at), Some(TokenTree::Punct(p)) if p.as_char() == '#');
+    let Some(TokenTree::Group(brackets)) = level.get(at + 1).filter(|_| is_hash) else { return None };
+    let inside: Vec<TokenTree> = brackets.stream().into_iter().collect();
+    let [TokenTree::Ident(path), TokenTree::Punct(_), TokenTree::Literal(file)] = inside.as_slice() else {
+        return None;
+    };
+    let syn::Lit::Str(file) = syn::Lit::new(file.clone()) else { return None };
+    (path == "path").then(|| file.value().split('/').find(|part| is_chapter(part)).map(str::to_string))?
 }
 
 /// The check as the suite runs it: every violation on its own line, then

@@ -19,6 +19,7 @@ pub mod libtest_json; // libtest's --format json events, counted per test
 pub mod process; // running a command with a log, an optional time limit
 pub mod pub_fns; // a Rust file's `pub fn`s, their docs, signatures and bodies, read with syn
 pub mod report; // the OK/FAIL/SKIP lines and the closing summary line
+pub mod rust_tokens; // a Rust file as proc-macro2 tokens, doc examples included, for paths in code
 pub mod seams_check; // `layering`, part 2: only the chapters and their tests use `ddp::seams`
 pub mod selection; // the checks, and which of them `--only`/`--skip` run
 pub mod stubs_check; // `stubs`: exercises carry their solutions' docs

@@ -8,6 +8,10 @@
 //! silently. Run it: `cargo xtask test --only layering`. Unit tests:
 //! xtask/tests/layering_check.rs.
 
+use proc_macro2::{Delimiter, Span, TokenTree};
+
+use crate::rust_tokens::{self, levels};
+
 /// The doors of `ddp::seams`: a call of one of these names a seam even
 /// where the path `ddp::seams` is not written (an inherent method is
 /// callable without importing the module that defines it).
@@ -39,58 +43,62 @@ pub fn may_use_seams(relative: &str) -> bool {
         || SEAM_EXCEPTIONS.iter().any(|(path, _)| *path == relative)
 }
 
-/// Each (1-based line, what it names) where `text` uses the seams: the path
-/// `seams` after `ddp::` (alone, `ddp::{.., seams, ..}`, or `super::seams`
-/// inside `src/ddp/`), or a door called as a function or method. Comments,
-/// doc comments included, are prose here: the seams' own doc tests are the
-/// only ones that use them.
-pub fn seam_uses(text: &str) -> Vec<(usize, String)> {
+/// Each (1-based line, what it names) where `text` uses the seams, in line
+/// order: the path `seams` after `ddp::` (alone, or an item of a group
+/// `ddp::{.., seams, ..}`, over several lines too) or after `super::`, or a
+/// door called as a function or method. The code blocks of doc comments
+/// count (a user copies them); comments, the prose of doc comments and
+/// strings do not. An error says where `text` does not lex.
+pub fn seam_uses(text: &str) -> Result<Vec<(usize, String)>, String> {
     let mut found = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        if path_names_seams(code) {
-            found.push((index + 1, "ddp::seams".to_string()));
-        }
-        for door in SEAM_DOORS {
-            if calls(code, door) {
-                found.push((index + 1, format!("ddp::seams' `{door}`")));
+    for code in rust_tokens::lex(text)? {
+        for level in levels(&code.tokens) {
+            for (at, tree) in level.iter().enumerate() {
+                let TokenTree::Ident(ident) = tree else { continue };
+                if let Some(seams) = names_seams(&level, at) {
+                    found.push((code.line(seams), "ddp::seams".to_string()));
+                }
+                if let Some(door) = SEAM_DOORS.iter().find(|door| ident == *door) {
+                    if is_called(&level, at + 1) {
+                        found.push((code.line(ident.span()), format!("ddp::seams' `{door}`")));
+                    }
+                }
             }
         }
     }
-    found
+    found.sort_by_key(|(line, _)| *line);
+    Ok(found)
 }
 
-/// `seams` as a path segment: `ddp::seams`, `super::seams`, or an item of
-/// a group opened by `ddp::{`.
-fn path_names_seams(code: &str) -> bool {
-    let words = whole_words(code, "seams");
-    words.iter().any(|&at| {
-        let before = code[..at].trim_end();
-        before.ends_with("ddp::")
-            || before.ends_with("super::")
-            || (before.ends_with('{') || before.ends_with(',')) && code[..at].contains("ddp::{")
-    })
+/// Where `seams` is if `level[at]` starts `ddp::seams`, `super::seams` or a
+/// group `ddp::{..}` one of whose items starts with `seams`.
+fn names_seams(level: &[TokenTree], at: usize) -> Option<Span> {
+    let seams = |tree: &TokenTree| match tree {
+        TokenTree::Ident(ident) if ident == "seams" => Some(ident.span()),
+        _ => None,
+    };
+    let is_colon = |at: usize| matches!(level.get(at), Some(TokenTree::Punct(p)) if p.as_char() == ':');
+    let TokenTree::Ident(root) = level.get(at)? else { return None };
+    if !(root == "ddp" || root == "super") || !(is_colon(at + 1) && is_colon(at + 2)) {
+        return None;
+    }
+    match level.get(at + 3)? {
+        TokenTree::Group(group) if root == "ddp" && group.delimiter() == Delimiter::Brace => {
+            let items: Vec<TokenTree> = group.stream().into_iter().collect();
+            let starts_an_item =
+                |at: usize| at == 0 || matches!(&items[at - 1], TokenTree::Punct(p) if p.as_char() == ',');
+            items.iter().enumerate().filter(|(at, _)| starts_an_item(*at)).find_map(|(_, tree)| seams(tree))
+        }
+        next => seams(next),
+    }
 }
 
-/// Whether `code` calls `name`: the whole word, then `(` (a call) or `::<`.
-fn calls(code: &str, name: &str) -> bool {
-    whole_words(code, name).into_iter().any(|at| {
-        let after = code[at + name.len()..].trim_start();
-        after.starts_with('(') || after.starts_with("::<")
-    })
-}
-
-/// Where `word` occurs in `code` as a whole identifier.
-fn whole_words(code: &str, word: &str) -> Vec<usize> {
-    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    code.match_indices(word)
-        .filter(|(at, _)| {
-            let before = code[..*at].chars().next_back();
-            let after = code[at + word.len()..].chars().next();
-            !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
-        })
-        .map(|(at, _)| at)
-        .collect()
+/// Whether what follows a name at `level[at]` calls it: `(..)` or `::<`.
+fn is_called(level: &[TokenTree], at: usize) -> bool {
+    let is_punct =
+        |at: usize, c: char| matches!(level.get(at), Some(TokenTree::Punct(p)) if p.as_char() == c);
+    matches!(level.get(at), Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Parenthesis)
+        || (is_punct(at, ':') && is_punct(at + 1, ':') && is_punct(at + 2, '<'))
 }
 
 /// The violations of the file at `relative` whose text is `text`.
@@ -98,8 +106,15 @@ pub fn seam_violations(relative: &str, text: &str) -> Vec<String> {
     if may_use_seams(relative) {
         return vec![];
     }
-    seam_uses(text)
-        .into_iter()
+    let uses = match seam_uses(text) {
+        Ok(uses) => uses,
+        Err(error) => {
+            return vec![format!(
+                "{relative}: cannot be read as Rust tokens ({error}): the layering check needs to read it"
+            )]
+        }
+    };
+    uses.into_iter()
         .map(|(line, named)| {
             format!(
                 "{relative}:{line}: uses {named}, but the seams are the chapters' only (src/ddp/seams.rs, \

@@ -117,7 +117,8 @@ fn module_paths_and_the_modules_a_line_names() {
     assert_eq!(module_path("src/ddp/buckets.rs"), ["ddp", "buckets"]);
     assert_eq!(module_path("examples/train.rs"), Vec::<String>::new());
     let own = module_path("src/train/run.rs");
-    let named = named_modules(&own, true, "use crate::{ddp::{rows, train_step}, dist::Group, tch};");
+    let named = named_modules(&own, true, "use crate::{ddp::{rows, train_step}, dist::Group, tch};")
+        .expect("it lexes");
     assert_eq!(named, [(1, "ddp".to_string()), (1, "dist".to_string())]);
     // In an example, `crate::` is the example's own crate.
     assert_eq!(
@@ -181,4 +182,66 @@ fn the_ring_figure_may_name_chapter_1_only_through_its_solution() {
     assert_eq!(violations_in("examples/figures/ch05_buckets.rs", through_solution).len(), 1);
     let other_chapter = "use ddp_workbook::ch05_bucketing::solution;\n";
     assert_eq!(violations_in("examples/figures/ch01_ring.rs", other_chapter).len(), 1);
+}
+
+#[test]
+fn a_path_wrapped_over_several_lines_counts_and_strings_and_block_comments_do_not() {
+    // rustfmt wraps a long use group one item a line.
+    let wrapped = "use crate::{\n    dist::Group,\n    ch05_bucketing::learner,\n};\n";
+    let violations = planted("wrapped", "src/ddp/buckets.rs", wrapped);
+    assert!(
+        violations.len() == 1 && violations[0].starts_with("src/ddp/buckets.rs:3: names `ch05_bucketing`"),
+        "{violations:?}"
+    );
+    let prose = "let s = \"crate::ch05_bucketing::x\";\n/* crate::ch05_bucketing */\nconst R: &str = r#\"ddp_workbook::ch01_collectives\"#;\n";
+    assert_eq!(planted("strings", "src/ddp/buckets.rs", prose), Vec::<String>::new());
+    let macro_call = "fn f() {\n    let v = vec![crate::ch05_bucketing::plan()];\n}\n";
+    let violations = planted("macro", "src/ddp/buckets.rs", macro_call);
+    assert!(violations.len() == 1 && violations[0].starts_with("src/ddp/buckets.rs:2:"), "{violations:?}");
+}
+
+#[test]
+fn a_doc_example_counts_with_its_hidden_lines_and_a_text_block_does_not() {
+    let text = "/// Plans.\n///\n/// ```no_run\n/// # use ddp_workbook::ch05_bucketing::learner;\n/// ```\n///\n/// ```text\n/// ddp_workbook::ch06_overlap\n/// ```\npub fn plan() {}\n";
+    let violations = planted("doc-hidden", "src/ddp/buckets.rs", text);
+    assert!(
+        violations.len() == 1 && violations[0].starts_with("src/ddp/buckets.rs:4: names `ch05_bucketing`"),
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn a_seam_in_a_wrapped_group_or_a_call_on_the_next_line_is_found() {
+    let wrapped = "use crate::ddp::{\n    Bucket,\n    seams::LocalBackward,\n};\n";
+    let violations = planted("seams-wrapped", "src/train/run.rs", wrapped);
+    assert!(
+        violations.len() == 1 && violations[0].starts_with("src/train/run.rs:3: uses ddp::seams"),
+        "{violations:?}"
+    );
+    let chained = "fn f() {\n    ddp\n        .backward_local(&loss)?;\n}\n";
+    let violations = planted("seams-chained", "src/train/run.rs", chained);
+    assert!(
+        violations.len() == 1
+            && violations[0].starts_with("src/train/run.rs:3: uses ddp::seams' `backward_local`"),
+        "{violations:?}"
+    );
+    let example = "/// Like so:\n///\n/// ```\n/// ddp.backward_local(&loss)?;\n/// ```\npub fn f() {}\n";
+    let violations = planted("seams-doc-example", "src/ddp/wrapper.rs", example);
+    assert!(
+        violations.len() == 1
+            && violations[0].starts_with("src/ddp/wrapper.rs:4: uses ddp::seams' `backward_local`"),
+        "{violations:?}"
+    );
+    let prose = "// ddp.backward_local(&loss) would skip the sync\nconst WHY: &str = \"not ddp::seams\";\n";
+    assert_eq!(planted("seams-prose", "src/train/run.rs", prose), Vec::<String>::new());
+}
+
+#[test]
+fn a_file_that_does_not_lex_is_a_problem_said_once() {
+    let violations = planted("unlexable", "src/ddp/buckets.rs", "fn f() { let s = \"unterminated; }\n");
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(
+        violations[0].starts_with("src/ddp/buckets.rs: cannot be read as Rust tokens (line 1,"),
+        "{violations:?}"
+    );
 }
