@@ -177,8 +177,8 @@ fn is_under(relative: &str, under: &str) -> bool {
     relative == under || relative.strip_prefix(under).is_some_and(|rest| rest.starts_with('/'))
 }
 
-/// The module path of a file of `src/` (`src/ddp/buckets.rs`: `[ddp,
-/// buckets]`; `src/dist/local/mod.rs`: `[dist, local]`); empty elsewhere
+/// The module path of a file of `src/` (`src/ddp/reducer/buckets.rs`:
+/// `[ddp, reducer, buckets]`; `src/dist/local/mod.rs`: `[dist, local]`); empty elsewhere
 /// (examples, the crate root).
 pub fn module_path(relative: &str) -> Vec<String> {
     let Some(inside) = relative.strip_prefix("src/") else { return vec![] };

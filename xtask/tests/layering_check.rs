@@ -43,7 +43,7 @@ fn this_repository_keeps_its_layers() {
 
 #[test]
 fn a_tree_that_keeps_its_layers_passes() {
-    assert_eq!(planted("clean", "src/ddp/step.rs", "use super::wrapper::Ddp;\n"), Vec::<String>::new());
+    assert_eq!(planted("clean", "src/ddp/naive.rs", "use super::wrapper::Ddp;\n"), Vec::<String>::new());
 }
 
 #[test]
@@ -60,15 +60,18 @@ fn an_example_that_imports_a_chapter_fails_naming_the_line_and_the_chapter() {
 #[test]
 fn a_chapter_in_a_group_of_the_library_fails() {
     let violations =
-        planted("group", "src/ddp/buckets.rs", "use crate::{dist::Group, ch05_bucketing::learner};\n");
+        planted("group", "src/ddp/replicated.rs", "use crate::{dist::Group, ch05_bucketing::learner};\n");
     assert!(violations.len() == 1 && violations[0].contains("`ch05_bucketing`"), "{violations:?}");
 }
 
 #[test]
 fn super_paths_are_resolved_from_the_files_own_module() {
-    // From src/ddp/step.rs, `super::` is src/ddp/ and `super::super::` the crate.
-    assert_eq!(planted("super-inside", "src/ddp/step.rs", "use super::train::Loop;\n"), Vec::<String>::new());
-    let violations = planted("super-out", "src/ddp/step.rs", "use super::super::train::AdamW;\n");
+    // From src/ddp/naive.rs, `super::` is src/ddp/ and `super::super::` the crate.
+    assert_eq!(
+        planted("super-inside", "src/ddp/naive.rs", "use super::train::Loop;\n"),
+        Vec::<String>::new()
+    );
+    let violations = planted("super-out", "src/ddp/naive.rs", "use super::super::train::AdamW;\n");
     assert!(violations.len() == 1 && violations[0].contains("`train`"), "{violations:?}");
     // From src/ddp/mod.rs one `super::` is the crate already.
     let violations = planted("super-mod", "src/ddp/mod.rs", "use super::ch07_sharding::rows;\n");
@@ -101,8 +104,8 @@ fn a_chapter_may_use_the_library_and_itself_but_no_other_chapter() {
 fn doc_examples_and_path_attributes_count_and_plain_comments_do_not() {
     let text = "// Unlike ddp_workbook::ch06_overlap::solution, this copies nothing.\n\
                 /// ```\n/// use ddp_workbook::ch01_collectives::learner;\n/// ```\n";
-    let violations = planted("comments", "src/ddp/overlap.rs", text);
-    assert!(violations.len() == 1 && violations[0].starts_with("src/ddp/overlap.rs:3:"), "{violations:?}");
+    let violations = planted("comments", "src/ddp/sampler.rs", text);
+    assert!(violations.len() == 1 && violations[0].starts_with("src/ddp/sampler.rs:3:"), "{violations:?}");
     let violations = planted(
         "path",
         "examples/bench_sync.rs",
@@ -114,7 +117,7 @@ fn doc_examples_and_path_attributes_count_and_plain_comments_do_not() {
 #[test]
 fn module_paths_and_the_modules_a_line_names() {
     assert_eq!(module_path("src/dist/local/mod.rs"), ["dist", "local"]);
-    assert_eq!(module_path("src/ddp/buckets.rs"), ["ddp", "buckets"]);
+    assert_eq!(module_path("src/ddp/reducer/buckets.rs"), ["ddp", "reducer", "buckets"]);
     assert_eq!(module_path("examples/train.rs"), Vec::<String>::new());
     let own = module_path("src/train/run.rs");
     let named = named_modules(&own, true, "use crate::{ddp::{rows, train_step}, dist::Group, tch};")
@@ -131,7 +134,7 @@ fn module_paths_and_the_modules_a_line_names() {
 fn the_seams_are_fenced_off_outside_the_chapters() {
     // The library, the training run, an example and a library test, each by path or by a door.
     let planted_seams = [
-        ("src/ddp/wrapper.rs", "use super::seams::LocalBackward;\n", "ddp::seams"),
+        ("src/ddp/replicated.rs", "use super::seams::LocalBackward;\n", "ddp::seams"),
         ("src/train/run.rs", "use crate::ddp::seams::LocalBackward;\n", "ddp::seams"),
         (
             "examples/train.rs",
@@ -188,24 +191,24 @@ fn the_ring_figure_may_name_chapter_1_only_through_its_solution() {
 fn a_path_wrapped_over_several_lines_counts_and_strings_and_block_comments_do_not() {
     // rustfmt wraps a long use group one item a line.
     let wrapped = "use crate::{\n    dist::Group,\n    ch05_bucketing::learner,\n};\n";
-    let violations = planted("wrapped", "src/ddp/buckets.rs", wrapped);
+    let violations = planted("wrapped", "src/ddp/replicated.rs", wrapped);
     assert!(
-        violations.len() == 1 && violations[0].starts_with("src/ddp/buckets.rs:3: names `ch05_bucketing`"),
+        violations.len() == 1 && violations[0].starts_with("src/ddp/replicated.rs:3: names `ch05_bucketing`"),
         "{violations:?}"
     );
     let prose = "let s = \"crate::ch05_bucketing::x\";\n/* crate::ch05_bucketing */\nconst R: &str = r#\"ddp_workbook::ch01_collectives\"#;\n";
-    assert_eq!(planted("strings", "src/ddp/buckets.rs", prose), Vec::<String>::new());
+    assert_eq!(planted("strings", "src/ddp/replicated.rs", prose), Vec::<String>::new());
     let macro_call = "fn f() {\n    let v = vec![crate::ch05_bucketing::plan()];\n}\n";
-    let violations = planted("macro", "src/ddp/buckets.rs", macro_call);
-    assert!(violations.len() == 1 && violations[0].starts_with("src/ddp/buckets.rs:2:"), "{violations:?}");
+    let violations = planted("macro", "src/ddp/replicated.rs", macro_call);
+    assert!(violations.len() == 1 && violations[0].starts_with("src/ddp/replicated.rs:2:"), "{violations:?}");
 }
 
 #[test]
 fn a_doc_example_counts_with_its_hidden_lines_and_a_text_block_does_not() {
     let text = "/// Plans.\n///\n/// ```no_run\n/// # use ddp_workbook::ch05_bucketing::learner;\n/// ```\n///\n/// ```text\n/// ddp_workbook::ch06_overlap\n/// ```\npub fn plan() {}\n";
-    let violations = planted("doc-hidden", "src/ddp/buckets.rs", text);
+    let violations = planted("doc-hidden", "src/ddp/replicated.rs", text);
     assert!(
-        violations.len() == 1 && violations[0].starts_with("src/ddp/buckets.rs:4: names `ch05_bucketing`"),
+        violations.len() == 1 && violations[0].starts_with("src/ddp/replicated.rs:4: names `ch05_bucketing`"),
         "{violations:?}"
     );
 }
@@ -226,10 +229,10 @@ fn a_seam_in_a_wrapped_group_or_a_call_on_the_next_line_is_found() {
         "{violations:?}"
     );
     let example = "/// Like so:\n///\n/// ```\n/// ddp.backward_local(&loss)?;\n/// ```\npub fn f() {}\n";
-    let violations = planted("seams-doc-example", "src/ddp/wrapper.rs", example);
+    let violations = planted("seams-doc-example", "src/ddp/replicated.rs", example);
     assert!(
         violations.len() == 1
-            && violations[0].starts_with("src/ddp/wrapper.rs:4: uses ddp::seams' `backward_local`"),
+            && violations[0].starts_with("src/ddp/replicated.rs:4: uses ddp::seams' `backward_local`"),
         "{violations:?}"
     );
     let prose = "// ddp.backward_local(&loss) would skip the sync\nconst WHY: &str = \"not ddp::seams\";\n";
@@ -238,10 +241,10 @@ fn a_seam_in_a_wrapped_group_or_a_call_on_the_next_line_is_found() {
 
 #[test]
 fn a_file_that_does_not_lex_is_a_problem_said_once() {
-    let violations = planted("unlexable", "src/ddp/buckets.rs", "fn f() { let s = \"unterminated; }\n");
+    let violations = planted("unlexable", "src/ddp/replicated.rs", "fn f() { let s = \"unterminated; }\n");
     assert_eq!(violations.len(), 1, "{violations:?}");
     assert!(
-        violations[0].starts_with("src/ddp/buckets.rs: cannot be read as Rust tokens (line 1,"),
+        violations[0].starts_with("src/ddp/replicated.rs: cannot be read as Rust tokens (line 1,"),
         "{violations:?}"
     );
 }
