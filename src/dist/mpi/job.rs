@@ -77,7 +77,7 @@ pub(crate) struct Active {
     /// mismatch found in the signatures, a new group).
     pub preset: Option<Result<Reply, DistError>>,
     /// An all-reduce through the node's shared memory (`shm.rs`): where it is.
-    pub shm: Option<super::shm::Progress>,
+    pub shm: Option<super::shm::progress::Progress>,
 }
 
 impl Active {

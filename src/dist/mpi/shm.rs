@@ -49,10 +49,12 @@ use tch::{Device, Kind, Tensor};
 use super::ffi::{self, Comm, Request, SharedWindow};
 use super::job::{Action, Active};
 use crate::dist::DistError;
+use progress::{Phase, Progress};
 
 mod chain;
 mod fold;
 mod join;
+pub(crate) mod progress;
 mod regions;
 mod slices;
 
@@ -87,33 +89,6 @@ pub(crate) struct Node {
     buffers: bool,
     /// A call is using the window: the next one waits for it.
     pub busy: bool,
-}
-
-/// Where one call is.
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Phase {
-    Agree,
-    ReceivePrevious,
-    DataIn,
-    Reduced,
-    SendNext,
-    Broadcast,
-    ResultIn,
-    /// The zero-copy path (`regions.rs`): every buffer complete, then every slice summed.
-    Filled,
-    Summed,
-}
-
-/// One all-reduce going through the window.
-pub(crate) struct Progress {
-    phase: Phase,
-    request: Request,
-    /// The agreement's buffer, then its maxima: [bytes, -bytes, region,
-    /// -region, offset, -offset], the last four -1 for a tensor outside
-    /// every region of `alloc_buffer`.
-    sizes: Box<[i64; 6]>,
-    /// Where the buffer lies in a region, on every rank: (index, offset).
-    zero_copy: Option<(usize, usize)>,
 }
 
 impl Node {

@@ -1,7 +1,7 @@
 //! Buffers that every rank of the node maps
 //! (`ProcessGroup::alloc_buffer`, PyTorch's and NCCL's "symmetric memory"),
 //! and the all-reduce that sums them where they lie, with no copy. DDP's
-//! gradient buckets are made here (`src/ddp/buckets.rs`). Try it:
+//! gradient buckets are made here (`src/ddp/reducer/buckets.rs`). Try it:
 //! `cargo test --features solutions,mpi,nccl --test mpi zero_copy`.
 //!
 //! One `alloc_buffer` of B bytes on a node of N ranks is one file in
