@@ -225,7 +225,7 @@ step_nccl_link() {
 CARGO_BIN="${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}/bin"
 
 # mdBook compiled at opt-level 1, not release's 3: less CPU, and the same
-# book in the same second (README's set-up section: the numbers and the
+# book in the same second (docs/tool-builds.md and docs/benchmarks.md: the numbers and the
 # commands). An mdbook 0.5.4 already installed, however compiled, is kept.
 MDBOOK_BUILD_ENV=(CARGO_PROFILE_RELEASE_OPT_LEVEL=1)
 
@@ -348,5 +348,14 @@ for i in "${!STEPS[@]}"; do
     # (cargo xtask waits --ci-log reads these lines).
     printf '    [%d/%d] took %ds\n' "$step_number" "$step_total" $((SECONDS - step_started))
 done
-printf '\nSet-up complete in %ds (load average %s). Next: scripts/test.sh (or cargo test --test chapter_01).\n' \
+printf '\nSet-up complete in %ds (load average %s).\n' \
     $((SECONDS - start_seconds)) "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
+
+# End where a learner starts: where each chapter stands, and the book.
+printf '\nWhere each chapter stands (cargo workbook):\n'
+cargo workbook ||
+    fail "cargo workbook could not list the chapters (see above)." \
+         "Run it yourself to see why: cargo workbook"
+printf '\nThe book: %s/book/index.html\n' "$REPO_ROOT"
+printf 'Start with chapter 1: read its page, then run  cargo workbook test 01\n'
+printf 'The whole suite, as CI runs it: scripts/test.sh\n'

@@ -39,8 +39,8 @@ EVCXR_MIN_RUST_MINOR=95
 JUPYTER_PACKAGES=("jupyterlab==4.6.6" "nbclient==0.11.0" "nbformat==5.11.1")
 # evcxr_jupyter keeps the release profile: at opt-level 1 or 0 it compiled
 # with less CPU, once, but every kernel ran slower: a notebook's first
-# output took about 2 s more CPU at 1 and 8 times as long at 0 (README's
-# set-up section: the numbers and the commands).
+# output took about 2 s more CPU at 1 and 8 times as long at 0 (docs/tool-builds.md
+# and docs/benchmarks.md: the numbers and the commands).
 
 VENV_PYTHON="$REPO_ROOT/.venv/bin/python"
 LIBTORCH_CONFIG="$REPO_ROOT/.cargo/libtorch.toml"
