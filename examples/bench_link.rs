@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
-use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, OverlappedBuckets};
+use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, Reducer};
 use ddp_workbook::dist::{spawn_with, tagged, Group, ReduceOp, SimulatedLink, SpawnOptions};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::Module;
@@ -87,11 +87,9 @@ fn measure(pg: &Group, sync: Sync, args: &Args) -> anyhow::Result<Vec<(Duration,
     let params = named_parameters(&vs);
     let buckets = GradientBuckets::plan(pg.as_ref(), &params, caps(args))?;
     let overlapped = match sync {
-        Sync::Overlapped => Some(OverlappedBuckets::new(
-            pg.clone(),
-            &params,
-            GradientBuckets::plan(pg.as_ref(), &params, caps(args))?,
-        )?),
+        Sync::Overlapped => {
+            Some(Reducer::new(pg.clone(), &params, GradientBuckets::plan(pg.as_ref(), &params, caps(args))?)?)
+        }
         _ => None,
     };
     let mut times = vec![]; // [backward ended, synced] in seconds from the step's start

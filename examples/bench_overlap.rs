@@ -3,7 +3,7 @@
 //! sequences per rank, small buckets (16 KiB); the time of forward + backward + sync
 //! with three syncs: naive (one all-reduce per parameter, after backward),
 //! bucketed (one per bucket, after backward) and overlapped (each bucket
-//! leaves during backward, `ddp::OverlappedBuckets`, gradients kept in the
+//! leaves during backward, `ddp::Reducer`, gradients kept in the
 //! buckets; and again with steps that copy them in and out, as chapter 6's
 //! exercise does: `support/copying_steps.rs`), each without and
 //! with a simulated link (50 µs, 10 Gbit/s by default). Prints the medians,
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
-use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, Named, OverlappedBuckets};
+use ddp_workbook::ddp::{naive, BucketCaps, GradientBuckets, Named, Reducer};
 use ddp_workbook::dist::{spawn_with, tagged, Group, SimulatedLink, SpawnOptions};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::Module;
@@ -119,13 +119,8 @@ fn measure(
         let buckets = GradientBuckets::plan(pg.as_ref(), &params, caps)?;
         let planned = || GradientBuckets::plan(pg.as_ref(), &params, caps);
         let overlapped = match sync {
-            Sync::Overlapped => Some(OverlappedBuckets::new(pg.clone(), &params, planned()?)?),
-            Sync::OverlappedCopying => Some(OverlappedBuckets::with_steps(
-                pg.clone(),
-                &params,
-                planned()?,
-                copying_steps::copying_steps(),
-            )?),
+            Sync::Overlapped => Some(Reducer::new(pg.clone(), &params, planned()?)?),
+            Sync::OverlappedCopying => Some(copying_steps::copying_reducer(pg.clone(), &params, planned()?)?),
             _ => None,
         };
         let mut times = vec![];

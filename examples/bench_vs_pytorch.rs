@@ -13,7 +13,7 @@
 //! each side: a 2-rank step's time minus a 1-rank step's time. Then one
 //! all_reduce of 4 KiB, 0.4, 4 and 25 MiB on each backend. Writes both tables
 //! to chapters/tables/vs-pytorch.md and vs-pytorch-all-reduce.md (the book
-//! and README include them), with the machine and its load. The all_reduce
+//! includes them, README links one), with the machine and its load. The all_reduce
 //! table is examples/support/vs_pytorch_all_reduce.rs.
 //!
 //! Run: cargo run --release --features mpi --example bench_vs_pytorch

@@ -69,26 +69,25 @@ fn gradients_live_in_the_buckets_after_the_first_sync_and_stay_there() {
         let (rank, data) = (pg.rank(), Regression::new(1, 8, 4, 1, Kind::Double));
         let (vs, model) = Mlp::seeded(2, SIZES, Kind::Double);
         let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, SMALL)?;
-        let mut optimizer =
-            ddp_workbook::train::AdamW::with_groups(ddp.parameters(), 1e-3, 0.0, ddp.flat_groups());
+        let mut optimizer = ddp_workbook::train::AdamW::new(ddp.parameters(), 1e-3, 0.0);
         let mut where_after_each_step = vec![];
         for step in 0..3 {
             optimizer.zero_grad();
             let (x, y) = data.batch(4 * rank as i64, 4);
             ddp.backward(&mse(&ddp.forward(&x), &y))?;
             optimizer.step()?;
-            // Every gradient's storage lies inside its bucket's buffer, in its slot.
-            for (members, buffer) in ddp.flat_groups() {
-                let (start, elt) = (buffer.data_ptr() as usize, buffer.kind().elt_size_in_bytes());
-                let mut offset = 0;
-                for member in members {
-                    let (name, param) = &ddp.parameters()[member];
-                    let at = param.grad().data_ptr() as usize;
+            // A bucket's gradients lie back to back in its one buffer, in
+            // the bucket's order: each starts where the one before it ends.
+            for bucket in ddp.buckets() {
+                for pair in bucket.params.windows(2) {
+                    let ((name, before), (_, after)) =
+                        (&ddp.parameters()[pair[0]], &ddp.parameters()[pair[1]]);
+                    let (before, after) = (before.grad(), after.grad());
+                    let end = before.data_ptr() as usize + before.numel() * before.kind().elt_size_in_bytes();
                     anyhow::ensure!(
-                        at == start + offset * elt,
-                        "step {step}: `{name}`'s gradient is not in its slot"
+                        after.data_ptr() as usize == end,
+                        "step {step}: the gradient after `{name}`'s is not next to it in the bucket"
                     );
-                    offset += param.numel();
                 }
             }
             where_after_each_step.push(ddp.parameters()[0].1.grad().data_ptr() as usize);

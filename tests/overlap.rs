@@ -1,4 +1,4 @@
-//! Buckets that leave during backward (`ddp::OverlappedBuckets`): the
+//! Buckets that leave during backward (`ddp::Reducer`): the
 //! overlapped sync equals the bucketed sync bitwise and one process within
 //! TOLERANCE, buckets leave in order and the first before backward ends, a
 //! parameter without a gradient fails on every rank by name (or, with
@@ -21,7 +21,7 @@ use common::{
 };
 use ddp_workbook::check::{compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
-use ddp_workbook::ddp::{BucketCaps, GradientBuckets, OverlappedBuckets, SimpleDistributedDataParallelism};
+use ddp_workbook::ddp::{BucketCaps, GradientBuckets, Reducer, SimpleDistributedDataParallelism};
 use ddp_workbook::dist::{tagged, Group};
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::nn::{Module, VarStore};
@@ -56,7 +56,7 @@ fn train(
     let (rows, rank) = (GLOBAL_BATCH / pg.world_size() as i64, pg.rank() as i64);
     let mut after = vec![];
     if overlapped {
-        let overlap = OverlappedBuckets::new(pg.clone(), &params, buckets)?;
+        let overlap = Reducer::new(pg.clone(), &params, buckets)?;
         for step in 0..STEPS as i64 {
             let (x, y) = data().batch(step * GLOBAL_BATCH + rank * rows, rows);
             optimizer.zero_grad();
@@ -108,7 +108,7 @@ fn buckets_leave_in_bucket_order_and_the_first_before_backward_ends() {
         let params = named_parameters(&vs);
         let buckets = GradientBuckets::plan(pg.as_ref(), &params, CAPS)?;
         let count = buckets.layout().len();
-        let overlap = OverlappedBuckets::new(pg.clone(), &params, buckets)?;
+        let overlap = Reducer::new(pg.clone(), &params, buckets)?;
         let (x, y) = data().batch(pg.rank() as i64 * 6, 6);
         overlap.arm("step".into());
         mse(&model.forward(&x), &y).backward();
@@ -202,7 +202,7 @@ fn an_unarmed_backward_sends_nothing_and_accumulates_locally() {
         let (vs, model) = mlp();
         let params = named_parameters(&vs);
         let buckets = GradientBuckets::plan(pg.as_ref(), &params, CAPS)?;
-        let overlap = OverlappedBuckets::new(pg.clone(), &params, buckets)?;
+        let overlap = Reducer::new(pg.clone(), &params, buckets)?;
         let (x, y) = data().batch(pg.rank() as i64 * 6, 6);
         let before = pg.stats().all_reduce;
         mse(&model.forward(&x), &y).backward(); // not armed: no_sync

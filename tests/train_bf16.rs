@@ -17,7 +17,7 @@ fn small_run(bf16_gradients: bool) -> TrainConfig {
 #[test]
 fn bf16_gradients_keep_the_replicas_equal_and_the_loss_close_to_the_f32_run() {
     let (f32_run, bf16_run) = (run(&small_run(false)), run(&small_run(true)));
-    // The run's own end-of-run check compared the ranks' state (src/train/replicas.rs); and again here:
+    // The run's own end-of-run check compared the ranks' state (src/train/agreement.rs); and again here:
     assert_eq!(max_reference_diff(&bf16_run[0].weights, &bf16_run[1].weights), 0.0, "the replicas differ");
     let moved = max_reference_diff(&bf16_run[0].weights, &f32_run[0].weights);
     println!("largest weight difference from the f32 run after 12 steps: {moved:e}");

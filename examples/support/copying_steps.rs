@@ -7,15 +7,16 @@
 //! (docs/architecture.md). Included by
 //! bench_overlap.rs with `#[path = "support/copying_steps.rs"] mod copying_steps;`.
 
-use ddp_workbook::ddp::seams::OverlapSteps;
-use ddp_workbook::ddp::Named;
-use ddp_workbook::ddp::{self, Bucket};
-use ddp_workbook::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
+use ddp_workbook::ddp::seams::{OverlapSteps, ReducerWithSteps};
+use ddp_workbook::ddp::{self, Bucket, GradientBuckets, Named, Reducer};
+use ddp_workbook::dist::{torch_error, DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::{self, Tensor};
 
-/// The library's readiness rule with the copying launch and finish below.
-pub fn copying_steps() -> OverlapSteps {
-    OverlapSteps { mark_ready: ddp::mark_ready, launch_bucket, finish_bucket }
+/// A [`Reducer`] that runs the library's readiness rule with the copying
+/// launch and finish below.
+pub fn copying_reducer(pg: Group, params: &[Named], buckets: GradientBuckets) -> Result<Reducer, DistError> {
+    let steps = OverlapSteps { mark_ready: ddp::mark_ready, launch_bucket, finish_bucket };
+    Reducer::with_steps(pg, params, buckets, steps)
 }
 
 /// The bucket's members' slots in `buffer`: views, back to back.

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
-use ddp_workbook::ddp::{BucketCaps, GradientBuckets, Named, OverlappedBuckets};
+use ddp_workbook::ddp::{BucketCaps, GradientBuckets, Named, Reducer};
 use ddp_workbook::dist::{spawn_with, Group, SimulatedLink, SpawnOptions};
 use ddp_workbook::models::Gpt;
 use ddp_workbook::tch::nn::Module;
@@ -61,7 +61,7 @@ pub fn record_timeline(
         let (group, watcher) = timed_group(pg.clone());
         let (task, gpt, params, caps) = model();
         let planned = GradientBuckets::plan(group.as_ref(), &params, caps)?;
-        let overlapped = OverlappedBuckets::new(group.clone(), &params, planned)?;
+        let overlapped = Reducer::new(group.clone(), &params, planned)?;
         let mut steps = vec![];
         for step in 0..warmup + recorded {
             let (inputs, targets, mask) = batch_of(&task, step, pg.rank());

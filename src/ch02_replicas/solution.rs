@@ -4,6 +4,6 @@
 //! Run the chapter's tests on it: `cargo test --features solutions --test chapter_02`
 //!
 //! The reference lives in the library, where the finished DDP uses it:
-//! `src/ddp/replicas.rs` (the book shows it in chapter 2).
+//! `src/ddp/replica_check.rs` (the book shows it in chapter 2).
 
 pub use crate::ddp::verify_replicas;

@@ -16,7 +16,7 @@
 //! reference code of chapters 2 and 3, so you can start here), plus what
 //! this chapter adds: the sync switch, `backward`, and `no_sync`, which
 //! opens your `NoSyncScope` on the switch. The batch arithmetic and its
-//! errors are the library's (`src/ddp/batch.rs`).
+//! errors are the library's (`src/ddp/wrapper/accumulation.rs`).
 
 use std::ops::Deref;
 
@@ -27,6 +27,7 @@ use crate::ddp::{naive, SyncSwitch};
 use crate::dist::{DistError, Group};
 
 pub use crate::ddp::seams::LocalBackward;
+use crate::ddp::seams::NoSyncWith;
 pub use crate::ddp::{
     check_micro_batches, micro_batch_size, split_micro_batches, AccumulationError, InitError, Replicated,
 };

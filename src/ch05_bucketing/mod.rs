@@ -17,7 +17,7 @@
 //! library's code of those chapters, so you can start here), whose sync now
 //! goes through [`GradientBuckets`], which check your layout (a valid plan,
 //! the same on every rank), own the buffers and run your `sync_bucket` on
-//! every bucket. The layout types are the library's (`src/ddp/layout.rs`).
+//! every bucket. The layout types are the library's (`src/ddp/reducer/layout.rs`).
 
 use std::ops::Deref;
 
@@ -27,6 +27,7 @@ use tch::Tensor;
 use crate::ddp::SyncSwitch;
 use crate::dist::{DistError, Group};
 
+use crate::ddp::seams::BucketsWith;
 pub use crate::ddp::seams::LocalBackward;
 pub use crate::ddp::{
     Bucket, BucketCaps, BucketingError, GradientBuckets, NoSyncGuard, ParamMeta, Replicated,

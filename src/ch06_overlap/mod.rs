@@ -15,7 +15,7 @@
 //! This file holds the chapter's [`SimpleDistributedDataParallelism`]:
 //! chapter 5's (the library's [`Replicated`] core, bucket layout and
 //! `no_sync` switch, so you can start here), whose buckets now go through the
-//! library's [`OverlappedBuckets`], which hooks every parameter and runs
+//! library's [`Reducer`], which hooks every parameter and runs
 //! YOUR three functions: `mark_ready` on the backward thread, from the
 //! hooks; `launch_bucket` for each bucket it returns; `finish_bucket` for
 //! every bucket after backward.
@@ -28,10 +28,10 @@ use tch::Tensor;
 use crate::ddp::{GradientBuckets, SyncSwitch};
 use crate::dist::{DistError, Group};
 
+use crate::ddp::seams::ReducerWithSteps;
 pub use crate::ddp::seams::{LocalBackward, OverlapSteps};
 pub use crate::ddp::{
-    Bucket, BucketCaps, BucketProgress, BucketingError, Launch, NoSyncGuard, OverlappedBuckets, Replicated,
-    StepRecord,
+    Bucket, BucketCaps, BucketProgress, BucketingError, Launch, NoSyncGuard, Reducer, Replicated, StepRecord,
 };
 
 pub mod exercise; // the file you edit
@@ -58,8 +58,9 @@ pub fn learner_steps() -> OverlapSteps {
 /// leave during backward. The core's accessors come through `Deref`.
 pub struct SimpleDistributedDataParallelism<M: Module> {
     replicated: Replicated<M>,
-    /// The hooks, the buckets and their progress; runs YOUR steps.
-    buckets: OverlappedBuckets,
+    /// The library's Reducer: the hooks, the buckets and their progress;
+    /// runs YOUR steps.
+    reducer: Reducer,
     switch: SyncSwitch,
     find_unused: bool,
 }
@@ -76,11 +77,11 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     ) -> Result<Self, BucketingError> {
         let replicated = Replicated::new(module, vs, pg.clone())?;
         let planned = GradientBuckets::plan(pg.as_ref(), replicated.parameters(), caps)?;
-        let buckets = OverlappedBuckets::with_steps(pg, replicated.parameters(), planned, learner_steps())
+        let reducer = Reducer::with_steps(pg, replicated.parameters(), planned, learner_steps())
             .map_err(BucketingError::Dist)?;
         Ok(SimpleDistributedDataParallelism {
             replicated,
-            buckets,
+            reducer,
             switch: SyncSwitch::new(),
             find_unused: false,
         })
@@ -93,11 +94,10 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         if !self.switch.is_on() {
             return self.backward_local(loss); // hooks stay quiet: gradients accumulate here
         }
-        self.buckets.arm("overlapped sync".into());
+        self.reducer.arm("overlapped sync".into());
         let backward = self.backward_local(loss);
-        // A failed backward anywhere fails every rank. (A re-planned layout is
-        // reported for optimizers that read the buckets in place: none here.)
-        self.buckets.finish(self.find_unused, backward).map(|_new_layout| ())
+        // A failed backward anywhere fails every rank.
+        self.reducer.finish(self.find_unused, backward)
     }
 }
 // ANCHOR_END: wrapper
@@ -118,24 +118,24 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// Keeps the first layout instead of re-planning it from the order the
     /// gradients became ready in the first step.
     pub fn keep_layout(self) -> Self {
-        self.buckets.keep_layout();
+        self.reducer.keep_layout();
         self
     }
 
     /// The bucket layout, in the order the buckets leave.
     pub fn buckets(&self) -> Vec<Bucket> {
-        self.buckets.layout()
+        self.reducer.layout()
     }
 
     /// The names of each bucket's parameters, in buffer order.
     pub fn bucket_names(&self) -> Vec<Vec<String>> {
-        self.buckets.names()
+        self.reducer.names()
     }
 
     /// The last synced backward: the buckets in launch order, with when each
     /// left, and the parameters in the order their gradients became ready.
     pub fn last_step(&self) -> StepRecord {
-        self.buckets.last_step()
+        self.reducer.last_step()
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 //! This reference divides after the wait, as chapter 5 did; dividing before
 //! the all-reduce starts is just as right (the chapter weighs both). The
-//! library's launch and finish (`GradientBuckets` in `src/ddp/buckets.rs`)
+//! library's launch and finish (`GradientBuckets` in `src/ddp/reducer/buckets.rs`)
 //! go one step further: they keep each gradient in its slot, so that
 //! nothing is copied back (the chapter explains it).
 

@@ -14,17 +14,17 @@
 //!    gradients instead of DDP's `all_reduce`, AdamW on this rank's shard,
 //!    `all_gather` of the updated shards back into every rank's parameters.
 //!
-//! The optimizer that drives them is the library's (`src/ddp/zero.rs`,
+//! The optimizer that drives them is the library's (`src/ddp/zero/mod.rs`,
 //! what the training run's `--zero 1` uses): it lays the parameters out in
 //! the library's buckets (`ddp::plan_buckets`), checks the shard YOUR
 //! `shard_of` returns, copies the gradients into the padded buffers before
 //! each step and runs YOUR `step_bucket` on every bucket. This file's
 //! [`ShardedAdamW`] is that optimizer built with your functions, through the
-//! seam `ddp::ShardedAdamW::with_steps`. The model is the library's
+//! seam `ddp::seams::ZeroWithSteps::with_steps`. The model is the library's
 //! [`Replicated`] (replicas checked at construction); its backward is plain
 //! `loss.backward()`, since the gradients are synced inside the step. The
 //! AdamW arithmetic is the library's ([`AdamWUpdate`], `src/ddp/adamw_update.rs`).
-//! `src/ddp/zero_checkpoint.rs` gathers the shards into one state to save
+//! The same file gathers the shards into one state to save
 //! (`gathered_state`), and cuts them again on load (`load_state`).
 
 use std::ops::{Deref, DerefMut};
@@ -32,7 +32,7 @@ use std::ops::{Deref, DerefMut};
 use crate::ddp::Named;
 use crate::dist::{DistError, Group};
 
-use crate::ddp::seams::ZeroSteps; // which two functions a ShardedAdamW runs
+use crate::ddp::seams::{ZeroSteps, ZeroWithSteps}; // which two functions a ShardedAdamW runs
 pub use crate::ddp::{AdamWUpdate, BucketCaps, Replicated, Shard, ShardedBucket};
 pub use crate::train::AdamW;
 

@@ -4,7 +4,7 @@
 //! Run the chapter's tests on it: `cargo test --features solutions --test chapter_11`
 //!
 //! The reference lives in the library, where the finished run's `--zero 1`
-//! uses it: `src/ddp/zero_steps.rs` (`shard_of`, `step_bucket`); the book shows
+//! uses it: `src/ddp/zero/shards.rs` (`shard_of`, `step_bucket`); the book shows
 //! both at the end of chapter 11.
 
 pub use crate::ddp::{shard_of, step_bucket};

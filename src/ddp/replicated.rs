@@ -8,7 +8,7 @@
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use super::replicas::{verified_tensors, verify_replicas, InitError, ReplicaCheck};
+use super::replica_check::{verified_tensors, verify_replicas, InitError, ReplicaCheck};
 use crate::dist::{CommStats, DistError, Group, ReduceOp};
 use crate::models::Named;
 

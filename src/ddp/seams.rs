@@ -1,38 +1,41 @@
-//! The workbook's seams, where a chapter runs the
-//! learner's function inside library machinery. This module exists for the
-//! chapters (`src/chNN_*/`) and their tests only; the finished library, the
-//! training run and the examples never call it, and the runner's `layering`
-//! check fails any other file that names it (`cargo xtask test --only
-//! layering`). Everything here is a thin door into the library's own code:
-//! the library runs the same code with its own functions, through
-//! crate-private entry points, so nothing here is on the finished wrapper's
-//! path.
+//! The workbook's seams, where a chapter runs the learner's function inside
+//! library machinery. This module exists for the chapters (`src/chNN_*/`)
+//! and their tests only; the finished library, the training run and the
+//! examples never call it, and the runner's `layering` check fails any other
+//! file that names it (`cargo xtask test --only layering`). Everything here
+//! is a thin door into the library's own code: the library runs the same
+//! code with its own functions, through crate-private entry points, so
+//! nothing here is on the finished wrapper's path.
+//!
+//! Each door is a trait, implemented for the library type it opens: a chapter
+//! imports it (as it imports [`LocalBackward`]), and without the import the
+//! library's types offer no such method.
 //!
 //! | seam | the learner's function | chapter |
 //! | --- | --- | --- |
-//! | [`Replicated::with_replica_check`] | `verify_replicas` | 2 |
+//! | [`WithReplicaCheck::with_replica_check`] | `verify_replicas` | 2 |
 //! | [`LocalBackward::backward_local`] | (a backward that syncs nothing, which every stage's `backward` builds on) | 2-6 |
-//! | [`SyncSwitch::no_sync_with`] | `open_no_sync` (and its `NoSyncScope`) | 4 |
-//! | [`GradientBuckets::plan_with`], [`GradientBuckets::sync_with`] | `plan_buckets`, `sync_bucket` | 5 |
-//! | [`OverlappedBuckets::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
-//! | [`ShardedAdamW::with_steps`], [`ZeroSteps`] | `shard_of`, `step_bucket` | 11 |
+//! | [`NoSyncWith::no_sync_with`] | `open_no_sync` (and its `NoSyncScope`) | 4 |
+//! | [`BucketsWith::plan_with`], [`BucketsWith::sync_with`] | `plan_buckets`, `sync_bucket` | 5 |
+//! | [`ReducerWithSteps::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
+//! | [`ZeroWithSteps::with_steps`], [`ZeroSteps`] | `shard_of`, `step_bucket` | 11 |
 
 use std::cell::Cell;
 
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use super::bucketed::BucketingError;
-use super::layout::{Bucket, BucketCaps};
-use super::no_sync::SyncSwitch;
-use super::overlap::{BucketProgress, BucketSteps, Buckets};
-use super::replicas::InitError;
-use super::{GradientBuckets, OverlappedBuckets, Replicated, ShardedAdamW};
+use super::reducer::steps::{BucketSteps, Buckets};
+use super::reducer::{Bucket, BucketCaps, BucketProgress, BucketingError, GradientBuckets, Reducer};
+use super::replica_check::InitError;
+use super::replicated::Replicated;
+use super::wrapper::no_sync::SyncSwitch;
+use super::zero::ShardedAdamW;
 use crate::dist::{tagged, DistError, Group, ProcessGroup, Work};
 use crate::models::Named;
 
-pub use super::bucketed::PlanBuckets;
-pub use super::replicas::ReplicaCheck;
+pub use super::reducer::PlanBuckets;
+pub use super::replica_check::ReplicaCheck;
 pub use super::zero::ZeroSteps;
 
 /// `loss.backward()` and nothing else: this rank's gradients, added to
@@ -76,10 +79,21 @@ impl<M: Module> LocalBackward for Replicated<M> {
     }
 }
 
-impl<M: Module> Replicated<M> {
+/// Chapter 2's door: a [`Replicated`] whose replicas are compared by the
+/// learner's `verify_replicas`.
+pub trait WithReplicaCheck<M: Module>: Sized {
     /// [`Replicated::new`], comparing the values with `check` instead of
     /// the library's `verify_replicas` (chapter 2 passes the learner's).
-    pub fn with_replica_check(
+    fn with_replica_check(
+        module: M,
+        vs: &nn::VarStore,
+        pg: Group,
+        check: ReplicaCheck,
+    ) -> Result<Self, InitError>;
+}
+
+impl<M: Module> WithReplicaCheck<M> for Replicated<M> {
+    fn with_replica_check(
         module: M,
         vs: &nn::VarStore,
         pg: Group,
@@ -89,11 +103,16 @@ impl<M: Module> Replicated<M> {
     }
 }
 
-impl SyncSwitch {
+/// Chapter 4's door: the `no_sync` switch, opened by the learner's scope.
+pub trait NoSyncWith {
     /// [`SyncSwitch::no_sync`], with the scope opened by `open` on the
     /// switch's cell instead of the library's guard (chapter 4's
     /// `open_no_sync`, whose scope type is the learner's).
-    pub fn no_sync_with<'a, Scope: 'a>(&'a self, open: fn(&'a Cell<bool>) -> Scope) -> Scope {
+    fn no_sync_with<'a, Scope: 'a>(&'a self, open: fn(&'a Cell<bool>) -> Scope) -> Scope;
+}
+
+impl NoSyncWith for SyncSwitch {
+    fn no_sync_with<'a, Scope: 'a>(&'a self, open: fn(&'a Cell<bool>) -> Scope) -> Scope {
         open(self.cell())
     }
 }
@@ -102,12 +121,28 @@ impl SyncSwitch {
 /// library's reference is `ddp::sync_bucket`).
 pub type SyncBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[Named]) -> Result<(), DistError>;
 
-impl GradientBuckets {
+/// Chapter 5's doors: buckets planned by the learner's `plan_buckets`, and
+/// synced by the learner's `sync_bucket`.
+pub trait BucketsWith: Sized {
     /// [`GradientBuckets::plan`] with `planner` instead of the library's
     /// `plan_buckets`: the result is checked to be a layout of these
     /// parameters, and the same on every rank. Every rank must call it,
     /// with the same caps.
-    pub fn plan_with(
+    fn plan_with(
+        pg: &dyn ProcessGroup,
+        params: &[Named],
+        caps: BucketCaps,
+        planner: PlanBuckets,
+    ) -> Result<Self, BucketingError>;
+
+    /// Averages every gradient over all ranks, one all-reduce per bucket, in
+    /// bucket order, with `sync`; then checks that no rank used a parameter
+    /// that this rank did not.
+    fn sync_with(&self, pg: &dyn ProcessGroup, params: &[Named], sync: SyncBucket) -> Result<(), DistError>;
+}
+
+impl BucketsWith for GradientBuckets {
+    fn plan_with(
         pg: &dyn ProcessGroup,
         params: &[Named],
         caps: BucketCaps,
@@ -117,15 +152,7 @@ impl GradientBuckets {
     }
 
     // ANCHOR: sync_with
-    /// Averages every gradient over all ranks, one all-reduce per bucket, in
-    /// bucket order, with `sync`; then checks that no rank used a parameter
-    /// that this rank did not.
-    pub fn sync_with(
-        &self,
-        pg: &dyn ProcessGroup,
-        params: &[Named],
-        sync: SyncBucket,
-    ) -> Result<(), DistError> {
+    fn sync_with(&self, pg: &dyn ProcessGroup, params: &[Named], sync: SyncBucket) -> Result<(), DistError> {
         for (index, bucket) in self.layout().iter().enumerate() {
             // A second handle on the same storage: the sync needs `&mut`, and
             // `&self` is what lets backward run inside a no_sync scope.
@@ -154,7 +181,7 @@ pub type LaunchBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, &[Named]) ->
 /// Waits for one launched bucket and leaves the average in the gradients.
 pub type FinishBucket = fn(&dyn ProcessGroup, &Bucket, &mut Tensor, Work, &[Named]) -> Result<(), DistError>;
 
-/// Three steps an [`OverlappedBuckets`] runs instead of the library's
+/// Three steps a [`Reducer`] runs instead of the library's
 /// (chapter 6: the learner's), each handed its bucket and a second handle
 /// on the bucket's buffer.
 #[derive(Clone, Copy)]
@@ -178,9 +205,19 @@ impl BucketSteps for OverlapSteps {
     }
 }
 
-impl OverlappedBuckets {
-    /// [`OverlappedBuckets::new`] with other steps (chapter 6: the learner's).
-    pub fn with_steps(
+/// Chapter 6's door: a [`Reducer`] running the learner's three steps.
+pub trait ReducerWithSteps: Sized {
+    /// [`Reducer::new`] with other steps (chapter 6: the learner's).
+    fn with_steps(
+        pg: Group,
+        params: &[Named],
+        buckets: GradientBuckets,
+        steps: OverlapSteps,
+    ) -> Result<Self, DistError>;
+}
+
+impl ReducerWithSteps for Reducer {
+    fn with_steps(
         pg: Group,
         params: &[Named],
         buckets: GradientBuckets,
@@ -190,11 +227,23 @@ impl OverlappedBuckets {
     }
 }
 
-impl ShardedAdamW {
+/// Chapter 11's door: a [`ShardedAdamW`] running the learner's two functions.
+pub trait ZeroWithSteps: Sized {
     /// [`ShardedAdamW::new`] running `steps` instead of the library's
     /// `shard_of` and `step_bucket` (chapter 11: the learner's). What
     /// `shard_of` returns is checked on every bucket.
-    pub fn with_steps(
+    fn with_steps(
+        params: &[Named],
+        pg: Group,
+        caps: BucketCaps,
+        lr: f64,
+        weight_decay: f64,
+        steps: ZeroSteps,
+    ) -> Result<Self, DistError>;
+}
+
+impl ZeroWithSteps for ShardedAdamW {
+    fn with_steps(
         params: &[Named],
         pg: Group,
         caps: BucketCaps,

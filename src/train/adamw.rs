@@ -77,42 +77,10 @@ impl AdamW {
                 let members: Vec<usize> = (0..params.len())
                     .filter(|&i| (params[i].1.kind(), params[i].1.device()) == key)
                     .collect();
-                FlatGroup::lay_out(&mut params, members, None)
+                FlatGroup::lay_out(&mut params, members)
             })
             .collect();
         AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, params, groups, step: 0 }
-    }
-
-    /// [`new`](Self::new), laid out in the given groups instead of one per
-    /// dtype: each group's members (indices into `params`, one dtype and
-    /// device) and the flat buffer that holds their gradients back to back,
-    /// such as the DDP wrapper's buckets (`ddp.flat_groups()`). Then a step
-    /// reads the averaged gradients where the sync left them, copying nothing.
-    pub fn with_groups(
-        params: &[Named],
-        lr: f64,
-        weight_decay: f64,
-        layout: Vec<(Vec<usize>, Tensor)>,
-    ) -> AdamW {
-        let mut params: Vec<Named> =
-            params.iter().map(|(name, p)| (name.clone(), p.shallow_clone())).collect();
-        let groups = layout
-            .into_iter()
-            .map(|(members, grad)| FlatGroup::lay_out(&mut params, members, Some(grad)))
-            .collect();
-        AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, params, groups, step: 0 }
-    }
-
-    /// Lays the parameters out again in new groups (the DDP wrapper's
-    /// buckets after it re-planned them), keeping every value and moment:
-    /// the next steps are the same, and read the gradients in place again.
-    pub fn regroup(&mut self, layout: Vec<(Vec<usize>, Tensor)>) -> Result<(), String> {
-        let state = self.state();
-        let mut regrouped = AdamW::with_groups(&self.params, self.lr, self.weight_decay, layout);
-        (regrouped.beta1, regrouped.beta2, regrouped.eps) = (self.beta1, self.beta2, self.eps);
-        regrouped.load_state(&state)?;
-        *self = regrouped;
-        Ok(())
     }
 
     /// Forgets every gradient: the next `backward` starts from nothing.
@@ -153,8 +121,7 @@ impl AdamW {
 }
 // ANCHOR_END: adamw
 
-/// How `ddp::train_step` drives it: the steps below, and a new layout when
-/// the wrapper re-planned its buckets.
+/// How `ddp::train_step` drives it.
 impl crate::ddp::StepOptimizer for AdamW {
     fn zero_grad(&mut self) {
         AdamW::zero_grad(self);
@@ -163,20 +130,16 @@ impl crate::ddp::StepOptimizer for AdamW {
     fn step(&mut self) -> Result<(), TchError> {
         AdamW::step(self)
     }
-
-    fn regroup(&mut self, groups: crate::ddp::FlatGroups) -> Result<(), String> {
-        AdamW::regroup(self, groups)
-    }
 }
 
 impl FlatGroup {
-    /// One flat buffer for `members`' values, which become views into it;
-    /// their gradients are gathered into `grad`, or a buffer of its own.
-    fn lay_out(params: &mut [Named], members: Vec<usize>, grad: Option<Tensor>) -> FlatGroup {
+    /// One flat buffer for `members`' values, which become views into it,
+    /// and one each for their gradients and moments.
+    fn lay_out(params: &mut [Named], members: Vec<usize>) -> FlatGroup {
         let flats: Vec<Tensor> = members.iter().map(|&i| params[i].1.detach().reshape([-1])).collect();
         let param = Tensor::cat(&flats, 0); // [numel of all members], a copy of their values
         let zeros = || param.zeros_like();
-        let (grad, exp_avg, exp_avg_sq) = (grad.unwrap_or_else(zeros), zeros(), zeros());
+        let (grad, exp_avg, exp_avg_sq) = (zeros(), zeros(), zeros());
         let mut offset = 0;
         let (mut grad_slots, mut exp_avg_slots, mut exp_avg_sq_slots) = (vec![], vec![], vec![]);
         for &i in &members {

@@ -8,40 +8,38 @@
 //! - this file: the run's settings ([`TrainConfig`]) and their checks, the
 //!   events rank 0 reports, and [`train`], which spawns the ranks;
 //! - `run.rs`: what every rank does, step by step ([`train_rank`]);
-//! - `optim.rs`: AdamW with its state in named tensors, so it can be saved;
-//! - `optimizer.rs`: that AdamW, or with `--zero 1` the library's sharded one (ZeRO-1);
-//! - `checkpoint.rs`: the checkpoint file and how it is read;
-//! - `saving.rs`: how it is written: checked first, atomically, the previous one kept;
+//! - `adamw.rs`: AdamW with its state in named tensors, so it can be saved;
+//! - `run_optimizer.rs`: that AdamW, or with `--zero 1` the library's sharded one (ZeRO-1);
+//! - `checkpoint/`: the checkpoint file, how it is read and how it is written
+//!   (checked first, atomically, the previous one kept);
 //! - `resume.rs`: on `--resume`, rank 0 reads it and the others receive it;
 //! - `outcome.rs`: what rank 0 reports while it trains, what every rank returns;
-//! - `replicas.rs`: the last check, that every rank ended in the same state;
+//! - `agreement.rs`: the last check, that every rank ended in the same state;
 //! - `phases.rs`: where the steps spend their time.
 
 use std::path::PathBuf;
 
 use crate::dist::{spawn, SpawnError};
 
+mod adamw;
+mod agreement;
 pub mod checkpoint;
 #[cfg(feature = "nccl")]
 mod gpu;
-pub mod optim;
-mod optimizer;
 mod outcome;
 mod phases;
-mod replicas;
 mod resume;
 mod run;
-mod saving;
-mod state_dict;
+mod run_optimizer;
 
 pub use crate::ddp::AdamWUpdate; // the AdamW arithmetic, in the library for its ZeRO-1 optimizer
+pub use adamw::AdamW;
+pub use agreement::{check_replicas_agree, ReplicasDiffer};
 pub use checkpoint::{Checkpoint, CheckpointError, LoopPosition, SaveStep, Setting};
 #[cfg(feature = "nccl")]
 pub use gpu::{train_as_gpu_process, train_on_gpus};
-pub use optim::AdamW;
 pub use outcome::{Evaluation, Event, RankOutcome};
 pub use phases::StepPhases;
-pub use replicas::{check_replicas_agree, ReplicasDiffer};
 pub use run::{evaluate, lr_at, train_rank};
 
 // ANCHOR: config
@@ -221,7 +219,7 @@ impl TrainConfig {
             None if self.checkpoint_every > 0 => Err(ConfigError::NoCheckpointPath("--checkpoint-every")),
             Some(path) => {
                 if self.resume {
-                    run::load_for_resume(path, self)?;
+                    resume::load_for_resume(path, self)?;
                 }
                 // Found now, not after the whole run has trained.
                 checkpoint::check_writable(path)?;

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tch::{Kind, Tensor};
 
+use super::agreement::check_replicas_agree;
 use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition};
-use super::optimizer::RunOptimizer;
 use super::phases::{Phase, PhaseClock};
-use super::replicas::check_replicas_agree;
+use super::run_optimizer::RunOptimizer;
 use super::{Evaluation, Event, RankOutcome, TrainConfig};
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
@@ -118,8 +118,7 @@ pub fn train_rank(
     if config.bf16_gradients {
         ddp.register_comm_hook(crate::ddp::bf16_compress_hook); // each bucket travels as bf16
     }
-    // Plain: parameters, gradients and moments flat in the buckets' layout,
-    // the sync and the optimizer copy nothing. ZeRO-1: sharded (optimizer.rs).
+    // Plain: AdamW whole on every rank. ZeRO-1: sharded (run_optimizer.rs).
     let mut optimizer = RunOptimizer::new(&ddp, config, caps)?;
     let mut progress = LoopPosition { step: 0, epoch: 0, position: 0 };
     if let Some((path, saved)) = &saved {
@@ -256,25 +255,6 @@ fn checkpoint_due(config: &TrainConfig, step: usize) -> Option<&std::path::Path>
     let last = config.stop_after.unwrap_or(config.steps);
     let due = step == last || (every > 0 && step.is_multiple_of(every));
     config.checkpoint.as_deref().filter(|_| due)
-}
-
-/// Reads the checkpoint to resume from and checks that it fits this run:
-/// intact, written with the same settings, and not past the run's end.
-pub(super) fn load_for_resume(
-    path: &std::path::Path,
-    config: &TrainConfig,
-) -> Result<Checkpoint, CheckpointError> {
-    let saved = checkpoint::load(path)?;
-    saved.check_settings(path, &config.settings())?;
-    if saved.progress.step as usize > config.steps {
-        let detail = format!("it is at step {}, past this run's {} steps", saved.progress.step, config.steps);
-        return Err(CheckpointError::Invalid { path: path.to_path_buf(), detail });
-    }
-    if let Some(stop_after) = config.stop_after.filter(|&s| s as i64 <= saved.progress.step) {
-        let detail = format!("it is at step {}, already past --stop-after {stop_after}", saved.progress.step);
-        return Err(CheckpointError::Invalid { path: path.to_path_buf(), detail });
-    }
-    Ok(saved)
 }
 
 /// The model's masked loss and accuracy on the held-out sequences (drawn

@@ -1,5 +1,4 @@
-//! The training run's optimizer: AdamW laid out on the wrapper's buckets
-//! (plain DDP), or AdamW sharded over the ranks (`--zero 1`, the library's
+//! The training run's optimizer: AdamW whole on every rank (plain DDP), or AdamW sharded over the ranks (`--zero 1`, the library's
 //! `ShardedAdamW`, ZeRO stage 1). The run drives both the same way; what
 //! differs is who averages the gradients (the wrapper's all-reduce, or the
 //! optimizer's reduce-scatter) and who can see the whole state (every rank,
@@ -7,11 +6,9 @@
 
 use tch::TchError;
 
-use super::optim::AdamW;
+use super::adamw::AdamW;
 use super::TrainConfig;
-use crate::ddp::{
-    BucketCaps, FlatGroups, Named, ShardedAdamW, SimpleDistributedDataParallelism, StepOptimizer,
-};
+use crate::ddp::{BucketCaps, Named, ShardedAdamW, SimpleDistributedDataParallelism, StepOptimizer};
 use crate::dist::DistError;
 use crate::models::Gpt;
 
@@ -22,9 +19,8 @@ pub(super) enum RunOptimizer {
 }
 
 impl RunOptimizer {
-    /// `config.zero_stage` 0: AdamW on the wrapper's buckets, where the sync
-    /// leaves the averaged gradients (copying nothing). 1: AdamW sharded over
-    /// the ranks, on buckets planned with the same caps.
+    /// `config.zero_stage` 0: AdamW whole on every rank. 1: AdamW sharded
+    /// over the ranks, on buckets planned with the same caps.
     pub(super) fn new(
         ddp: &SimpleDistributedDataParallelism<Gpt>,
         config: &TrainConfig,
@@ -32,7 +28,7 @@ impl RunOptimizer {
     ) -> Result<RunOptimizer, DistError> {
         let (lr, decay) = (config.lr, config.weight_decay);
         Ok(match config.zero_stage {
-            0 => RunOptimizer::Plain(AdamW::with_groups(ddp.parameters(), lr, decay, ddp.flat_groups())),
+            0 => RunOptimizer::Plain(AdamW::new(ddp.parameters(), lr, decay)),
             _ => {
                 let pg = ddp.process_group().clone();
                 RunOptimizer::Sharded(ShardedAdamW::new(ddp.parameters(), pg, caps, lr, decay)?)
@@ -103,13 +99,6 @@ impl StepOptimizer for RunOptimizer {
         match self {
             RunOptimizer::Plain(adamw) => StepOptimizer::step(adamw),
             RunOptimizer::Sharded(sharded) => StepOptimizer::step(sharded),
-        }
-    }
-
-    fn regroup(&mut self, groups: FlatGroups) -> Result<(), String> {
-        match self {
-            RunOptimizer::Plain(adamw) => adamw.regroup(groups),
-            RunOptimizer::Sharded(_) => Ok(()), // its own buckets; it reads `.grad()` every step
         }
     }
 }

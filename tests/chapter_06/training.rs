@@ -17,6 +17,7 @@ use super::common::{
 use ddp_workbook::ch06_overlap::{BucketCaps, SimpleDistributedDataParallelism};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
+use ddp_workbook::ddp::seams::BucketsWith;
 use ddp_workbook::ddp::{sync_bucket, GradientBuckets};
 use ddp_workbook::dist::{spawn_with, Group};
 use ddp_workbook::models::{named_parameters, Mlp};

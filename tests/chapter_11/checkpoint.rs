@@ -107,7 +107,7 @@ fn one_process() -> Vec<Named> {
 fn what_to_check() -> String {
     likely_cause(&format!(
         "{CHECK_SHARD_OF}; if ZeRO-1 takes plain DDP's steps too (the training test passes), the \
-         checkpoint lost something: gathered_state and load_state (src/ddp/zero_checkpoint.rs) must carry \
+         checkpoint lost something: gathered_state and load_state (src/ddp/zero/mod.rs) must carry \
          both moments and the step count"
     ))
 }

@@ -3,7 +3,7 @@
 //! overlap` (see `tests/overlap.rs`).
 
 use super::common::{mse, run, spawn_options};
-use ddp_workbook::ddp::{agree_on_order, train_step_with, SimpleDistributedDataParallelism, StepOptimizer};
+use ddp_workbook::ddp::{agree_on_order, naive, train_step_with, SimpleDistributedDataParallelism};
 use ddp_workbook::dist::spawn_with;
 use ddp_workbook::models::named_parameters;
 use ddp_workbook::tch::nn::{self, Module, VarStore};
@@ -82,126 +82,95 @@ fn buckets_follow_the_order_gradients_became_ready_after_the_first_step() {
 }
 
 #[test]
-fn a_re_planned_layout_is_reported_once_as_the_buffers_that_now_hold_the_gradients() {
+fn a_re_plan_moves_the_gradients_into_the_new_buckets_back_to_back() {
     let per_rank = run(2, |pg| {
         let (vs, model) = head_first();
         let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
         let x = Tensor::ones([3, 4], (Kind::Double, Device::Cpu)) * (1.0 + pg.rank() as f64);
         let y = Tensor::zeros([3, 1], (Kind::Double, Device::Cpu));
-        let first_buffers: Vec<usize> =
-            ddp.flat_groups().iter().map(|(_, b)| b.data_ptr() as usize).collect();
-        let mut reported = vec![];
-        for _ in 0..3 {
-            ddp.backward(&mse(&ddp.forward(&x), &y))?;
-            reported.push(ddp.take_new_layout());
-        }
-        anyhow::ensure!(ddp.take_new_layout().is_none(), "a report is taken once");
-        // What it reported, against the layout and the gradients as they are now.
-        let members: Vec<Vec<usize>> = ddp.buckets().iter().map(|b| b.params.clone()).collect();
-        let groups = reported[0].as_ref().ok_or_else(|| anyhow::anyhow!("the first step re-plans"))?;
-        let reported_members: Vec<Vec<usize>> = groups.iter().map(|(m, _)| m.clone()).collect();
-        anyhow::ensure!(reported_members == members, "reported {reported_members:?}, layout {members:?}");
-        for (members, buffer) in groups {
-            let (start, end) = (buffer.data_ptr() as usize, buffer.data_ptr() as usize + buffer.numel() * 8);
-            anyhow::ensure!(!first_buffers.contains(&start), "a re-planned bucket gets a new buffer");
-            for &m in members {
-                let at = ddp.parameters()[m].1.grad().data_ptr() as usize;
-                anyhow::ensure!((start..end).contains(&at), "parameter {m}'s gradient is not in its bucket");
+        let first = ddp.buckets();
+        ddp.backward(&mse(&ddp.forward(&x), &y))?;
+        let replanned = ddp.buckets();
+        anyhow::ensure!(first != replanned, "the test needs a re-plan after the first step");
+        // Within each new bucket, each gradient starts where the one before it ends.
+        for bucket in &replanned {
+            for pair in bucket.params.windows(2) {
+                let (before, after) =
+                    (ddp.parameters()[pair[0]].1.grad(), ddp.parameters()[pair[1]].1.grad());
+                let end = before.data_ptr() as usize + before.numel() * 8;
+                anyhow::ensure!(after.data_ptr() as usize == end, "parameters {pair:?} are not back to back");
             }
         }
-        Ok(reported.iter().map(Option::is_some).collect::<Vec<bool>>())
+        Ok(replanned.len())
     });
-    for (rank, reported) in per_rank.iter().enumerate() {
-        assert_eq!(reported, &[true, false, false], "rank {rank}: reported once, after the first step");
-    }
-}
-
-/// AdamW as an optimizer that never lays itself out again: it notes each
-/// new layout `train_step` hands it and keeps its own, one group per dtype,
-/// into which each step copies the gradients.
-struct NeverRegrouped(AdamW, Vec<Vec<Vec<usize>>>);
-
-impl StepOptimizer for NeverRegrouped {
-    fn zero_grad(&mut self) {
-        self.0.zero_grad();
-    }
-    fn step(&mut self) -> Result<(), ddp_workbook::tch::TchError> {
-        self.0.step()
-    }
-    fn regroup(&mut self, groups: ddp_workbook::ddp::FlatGroups) -> Result<(), String> {
-        self.1.push(groups.into_iter().map(|(members, _)| members).collect());
-        Ok(())
-    }
+    assert!(per_rank.iter().all(|&buckets| buckets > 1), "the test needs several buckets: {per_rank:?}");
 }
 
 #[test]
-fn train_step_lays_adamw_out_on_the_re_planned_buckets_and_steps_as_if_it_had_not() {
-    let train = |regroup: bool| {
+fn training_through_a_re_plan_steps_bitwise_as_one_all_reduce_per_gradient() {
+    // Each element's average is the same two-rank sum, divided by two,
+    // whichever bucket carries it: a re-plan must change no bit of a step.
+    let train = |bucketed: bool| {
         run(2, move |pg| {
             let (vs, model) = head_first();
             let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
-            let adamw = AdamW::with_groups(ddp.parameters(), 1e-2, 0.1, ddp.flat_groups());
-            let (mut regrouped, mut kept) = (adamw, None);
-            if !regroup {
-                kept = Some(NeverRegrouped(AdamW::new(ddp.parameters(), 1e-2, 0.1), vec![]));
-            }
+            let mut adamw = AdamW::new(ddp.parameters(), 1e-2, 0.1);
             let x = Tensor::arange(24, (Kind::Double, Device::Cpu)).view([6, 4]) / 24.0 + pg.rank() as f64;
             let y = Tensor::ones([6, 1], (Kind::Double, Device::Cpu));
             let micro_batches: Vec<&[i64]> = vec![&[0, 1, 2], &[3, 4, 5]];
-            let (mut called_back, mut layouts) = (vec![], vec![]);
+            let mut layouts = vec![];
             for _ in 0..3 {
                 let loss = |rows: &[i64]| {
                     let index = Tensor::from_slice(rows);
                     mse(&ddp.forward(&x.index_select(0, &index)), &y.index_select(0, &index))
                 };
-                let after_backward = |i| called_back.push(i);
                 layouts.push(ddp.buckets());
-                match &mut kept {
-                    Some(kept) => train_step_with(&ddp, kept, &micro_batches, loss, after_backward)?,
-                    None => train_step_with(&ddp, &mut regrouped, &micro_batches, loss, after_backward)?,
-                };
+                if bucketed {
+                    train_step_with(&ddp, &mut adamw, &micro_batches, loss, |_| {})?;
+                    continue;
+                }
+                // The reference: every backward local, then one all-reduce per gradient.
+                adamw.zero_grad();
+                for rows in &micro_batches {
+                    let _no_sync = ddp.no_sync();
+                    ddp.backward(&(loss(rows) / micro_batches.len() as f64))?;
+                }
+                naive::sync_gradients(pg.as_ref(), ddp.parameters())?;
+                adamw.step()?;
             }
-            anyhow::ensure!(layouts[0] != layouts[1], "the test needs a re-plan after step 1");
-            anyhow::ensure!(
-                called_back == [0, 1, 0, 1, 0, 1],
-                "called back after each backward: {called_back:?}"
-            );
-            if let Some(NeverRegrouped(_, handed)) = &kept {
-                let members: Vec<Vec<usize>> = layouts[1].iter().map(|b| b.params.clone()).collect();
-                anyhow::ensure!(handed == &[members], "the new layout is handed over once: {handed:?}");
-            }
+            anyhow::ensure!(!bucketed || layouts[0] != layouts[1], "the test needs a re-plan after step 1");
             Ok(ddp_workbook::check::snapshot(ddp.parameters()))
         })
     };
-    let (regrouped, kept) = (train(true), train(false));
+    let (bucketed, reference) = (train(true), train(false));
     for rank in 0..2 {
-        for ((name, a), (_, b)) in regrouped[rank].iter().zip(&kept[rank]) {
+        for ((name, a), (_, b)) in bucketed[rank].iter().zip(&reference[rank]) {
             assert!(
                 ddp_workbook::check::same_bits(a, b),
-                "rank {rank}: `{name}`: AdamW laid out on the new buckets must step bitwise as one that copies"
+                "rank {rank}: `{name}` after a re-plan differs from the per-gradient all-reduce's"
             );
         }
     }
 }
 
 #[test]
-fn a_layout_that_completes_in_order_is_never_reported() {
+fn a_layout_that_completes_in_order_is_kept() {
     let per_rank = run(2, |pg| {
         let (vs, model) = ddp_workbook::models::Mlp::seeded(3, &[4, 32, 32, 1], Kind::Double);
         let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), CAPS)?;
         let x = Tensor::ones([3, 4], (Kind::Double, Device::Cpu)) * (1.0 + pg.rank() as f64);
         let y = Tensor::zeros([3, 1], (Kind::Double, Device::Cpu));
         let planned = ddp.bucket_names();
-        let mut reported = vec![];
-        for _ in 0..2 {
-            ddp.backward(&mse(&ddp.forward(&x), &y))?;
-            reported.push(ddp.take_new_layout().is_some());
-        }
+        let grad_at =
+            |ddp: &SimpleDistributedDataParallelism<_>| ddp.parameters()[0].1.grad().data_ptr() as usize;
+        ddp.backward(&mse(&ddp.forward(&x), &y))?;
+        let after_first = grad_at(&ddp);
+        ddp.backward(&mse(&ddp.forward(&x), &y))?;
         anyhow::ensure!(planned.len() > 1 && ddp.bucket_names() == planned, "kept {planned:?}");
-        Ok(reported)
+        Ok(after_first == grad_at(&ddp))
     });
-    for (rank, reported) in per_rank.iter().enumerate() {
-        assert_eq!(reported, &[false, false], "rank {rank}: nothing to report");
+    for (rank, stayed) in per_rank.iter().enumerate() {
+        assert!(stayed, "rank {rank}: a kept layout keeps its buffers: the gradient moved");
     }
 }
 

@@ -6,7 +6,7 @@
 //! one bucket is averaged over the ranks. The wrapper's default is no hook at
 //! all: the bucket's all-reduce (SUM) in its own dtype, then the division by
 //! the world size (`buckets.rs`), a path this file does not touch. A
-//! registered hook ([`SimpleDistributedDataParallelism::register_comm_hook`](super::SimpleDistributedDataParallelism::register_comm_hook))
+//! registered hook ([`SimpleDistributedDataParallelism::register_comm_hook`](crate::ddp::SimpleDistributedDataParallelism::register_comm_hook))
 //! is handed each complete bucket's flat buffer during backward and returns
 //! a [`Work`]; once that is waited on, the buffer must hold the mean.
 //!
@@ -16,7 +16,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::overlap::{BucketSteps, Buckets};
+use super::steps::{BucketSteps, Buckets};
 use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp, Work};
 
 // ANCHOR: comm_hook

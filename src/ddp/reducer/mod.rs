@@ -1,209 +1,88 @@
-//! Spoiler: this file holds the library's answer to chapter 6's `mark_ready`
-//! (`src/ch06_overlap/exercise.rs`). Working through the book? Write yours
-//! first; the book shows the parts of this file you need, and the answer at
-//! the end of the chapter.
+//! The Reducer (PyTorch's name, from `reducer.cpp`): it owns a model's
+//! gradient buckets, the hooks that fire as each gradient becomes final, and
+//! the check at the end of backward. One gradient's way through it: its hook
+//! marks it ready (`progress.rs`); once a bucket is complete, and every
+//! bucket before it has left, the bucket's asynchronous all-reduce starts
+//! while backward computes the earlier layers (`buckets.rs`). After
+//! backward, [`Reducer::finish`] waits, divides, checks with every rank that
+//! each backward succeeded and used the same parameters, and after the first
+//! step re-plans the buckets in the order the gradients arrived
+//! (`layout.rs`). A communication hook (`comm_hook.rs`) replaces how a
+//! bucket is averaged; chapter 6 runs the learner's steps through
+//! `ddp::seams` (`steps.rs`).
 //!
-//! Buckets that leave during backward (PyTorch's reducer), one gradient's way
-//! through them: its hook marks it ready ([`mark_ready`]); once a bucket is
-//! complete, and every bucket before it has left, its asynchronous all-reduce
-//! starts while backward computes the earlier layers. After backward,
-//! [`OverlappedBuckets::finish`] waits, divides, checks with every rank, and
-//! after the first step re-plans. Launch and finish are [`GradientBuckets`]'
-//! own (chapter 6 runs its steps here through `ddp::seams`; the library never
-//! does). What the driver shows its caller is in `overlap_record.rs`.
+//! | file | what |
+//! | --- | --- |
+//! | this one | [`Reducer`], [`StepRecord`] (what the last step did), the end-of-backward check |
+//! | `buckets.rs` | [`GradientBuckets`]: planned, allocated, gradients installed in their slots, launched, finished |
+//! | `layout.rs` | the bucket layout: [`plan_buckets`], [`BucketCaps`], the re-plan |
+//! | `progress.rs` | [`BucketProgress`], [`mark_ready`]: which bucket may leave |
+//! | `steps.rs` | the three steps the reducer takes per bucket, which hooks and chapters replace |
+//! | `comm_hook.rs` | [`CommHook`], [`bf16_compress_hook`] |
+
+mod buckets;
+mod comm_hook;
+mod layout;
+mod progress;
+pub(crate) mod steps;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tch::Tensor;
 
-use super::buckets::{FlatGroups, GradientBuckets};
-use super::end_of_backward::EndOfBackward;
-use super::layout::{agree_on_order, Bucket};
-use super::overlap_record::{Launch, StepRecord};
+pub use buckets::{sync_bucket, BucketingError, GradientBuckets, PlanBuckets};
+use comm_hook::HookSteps;
+pub use comm_hook::{bf16_compress_hook, CommHook};
+pub use layout::{
+    agree_on_order, check_plan, layout_fingerprint, plan_buckets, replanned, Bucket, BucketCaps, ParamMeta,
+    DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
+};
+pub use progress::{mark_ready, BucketProgress};
+use steps::{BucketSteps, LibrarySteps};
+
 use crate::autograd::GradReadyHooks;
-use crate::dist::{tagged, DistError, Group, ProcessGroup, Work};
+use crate::dist::{tagged, torch_error, DistError, Group, ProcessGroup, ReduceOp, Work};
 use crate::models::Named;
 
-/// What a bucket step is handed: the group, the buckets, the parameters.
-pub(crate) type Buckets<'a> = (&'a dyn ProcessGroup, &'a GradientBuckets, &'a [Named]);
-
-/// The three steps of an overlapped sync, as the driver calls them. The
-/// library's are the defaults ([`LibrarySteps`]); chapter 6's come through
-/// `ddp::seams`.
-pub(crate) trait BucketSteps: Send {
-    /// A hook said `param`'s gradient is final: the buckets that may leave now.
-    fn mark_ready(&self, progress: &mut BucketProgress, param: usize) -> Vec<usize> {
-        mark_ready(progress, param)
-    }
-    /// Starts bucket `b`'s all-reduce (SUM), its gradients in their slots.
-    fn launch(&self, (pg, buckets, params): Buckets<'_>, b: usize) -> Result<Work, DistError> {
-        buckets.launch_bucket(pg, b, params)
-    }
-    /// Waits for bucket `b` and leaves the average in its gradients.
-    fn finish(&self, (pg, buckets, _): Buckets<'_>, b: usize, work: Work) -> Result<(), DistError> {
-        buckets.finish_bucket(pg, b, work)
-    }
-}
-
-/// The library's steps: the trait's defaults.
-struct LibrarySteps;
-
-impl BucketSteps for LibrarySteps {}
-
-// ANCHOR: progress
-/// Where one backward pass stands: which gradients are ready, how many each
-/// bucket still waits for, and which buckets have been handed out to leave.
+/// One bucket's launch in a synced backward.
 #[derive(Clone, Debug)]
-pub struct BucketProgress {
-    /// For each parameter (registration index), the bucket it belongs to.
-    pub bucket_of: Vec<usize>,
-    /// For each bucket, how many of its members are not ready yet.
-    pub pending: Vec<usize>,
-    /// For each parameter, whether its gradient is ready in this pass.
-    pub ready: Vec<bool>,
-    /// For each bucket, whether `mark_ready` has returned it in this pass.
-    pub launched: Vec<bool>,
-}
-// ANCHOR_END: progress
-
-impl BucketProgress {
-    /// Nothing ready yet, for these buckets of `param_count` parameters.
-    pub fn new(layout: &[Bucket], param_count: usize) -> BucketProgress {
-        let mut bucket_of = vec![0; param_count];
-        for (b, bucket) in layout.iter().enumerate() {
-            bucket.params.iter().for_each(|&p| bucket_of[p] = b);
-        }
-        let pending = layout.iter().map(|b| b.params.len()).collect();
-        let (ready, launched) = (vec![false; param_count], vec![false; layout.len()]);
-        BucketProgress { bucket_of, pending, ready, launched }
-    }
-
-    /// Back to nothing ready, for the next pass over the same `layout`
-    /// (`bucket_of` stays: it changes only with the layout).
-    pub fn reset(&mut self, layout: &[Bucket]) {
-        self.pending.iter_mut().zip(layout).for_each(|(pending, b)| *pending = b.params.len());
-        self.ready.iter_mut().for_each(|r| *r = false);
-        self.launched.iter_mut().for_each(|l| *l = false);
-    }
-
-    /// The parameters not marked ready in this pass.
-    pub fn not_ready(&self) -> Vec<usize> {
-        (0..self.ready.len()).filter(|&i| !self.ready[i]).collect()
-    }
+pub struct Launch {
+    pub bucket: usize,
+    pub at: Instant,
+    /// How many gradients were ready when it left.
+    pub gradients_ready: usize,
 }
 
-// ANCHOR: mark_ready
-/// A gradient-ready hook says that parameter `param`'s gradient is final.
-/// Marks it ready in `progress` and returns the buckets that may leave now,
-/// in bucket order: after the last bucket launched, each bucket with no
-/// member pending, up to the first that still has one. A second mark of the
-/// same parameter in one pass changes nothing.
-pub fn mark_ready(progress: &mut BucketProgress, param: usize) -> Vec<usize> {
-    if progress.ready[param] {
-        return vec![];
-    }
-    progress.ready[param] = true;
-    progress.pending[progress.bucket_of[param]] -= 1;
-    let mut bucket = progress.launched.iter().take_while(|&&launched| launched).count();
-    let mut launch = vec![];
-    while bucket < progress.pending.len() && progress.pending[bucket] == 0 {
-        progress.launched[bucket] = true;
-        launch.push(bucket);
-        bucket += 1;
-    }
-    launch
-}
-// ANCHOR_END: mark_ready
-
-/// Where the sync stands, shared by the hooks (on the backward thread) and
-/// the caller: the buckets, which have left, and what the last step did.
-pub(super) struct SyncState {
-    pg: Group,
-    pub(super) buckets: GradientBuckets,
-    pub(super) params: Vec<Named>,
-    /// How buckets are marked, launched and finished: [`LibrarySteps`].
-    steps: Box<dyn BucketSteps>,
-    /// Which gradients are ready and which bucket leaves next (chapter 6).
-    progress: BucketProgress,
-    /// The launched buckets' handles, in launch order.
-    works: Vec<(usize, Work)>,
-    /// Off outside a synced backward (under `no_sync`): the hooks then only
-    /// let gradients accumulate.
-    armed: bool,
-    /// Names this step's all-reduces (the backward thread may not be the
-    /// caller's, so the caller's `tagged` scope does not reach it).
-    tag: String,
-    /// The last synced step as it happened: what tests and benchmarks
-    /// look at.
-    pub(super) record: StepRecord,
-    /// Whether the buckets are still to be re-planned after a first step.
-    pub(super) replan_pending: bool,
-    /// The first error met during backward; reported by `finish`.
-    error: Option<DistError>,
-    /// Set while a step runs; still set if it panicked, and then the hooks
-    /// stop calling steps until `finish` reports the panic.
-    interrupted: bool,
+/// What happened in the last synced backward.
+#[derive(Clone, Debug, Default)]
+pub struct StepRecord {
+    /// The buckets, in the order they left.
+    pub launches: Vec<Launch>,
+    /// The parameters, in the order their gradients became ready.
+    pub ready_order: Vec<usize>,
+    /// When backward had returned and the sync's end began.
+    pub backward_ended: Option<Instant>,
 }
 
-impl SyncState {
-    /// Marks `index` ready and launches what `mark_ready` says may leave.
-    pub(super) fn mark(&mut self, index: usize) {
-        if self.error.is_some() || self.interrupted {
-            return;
-        }
-        if !self.progress.ready[index] {
-            self.record.ready_order.push(index);
-        }
-        self.interrupted = true;
-        for b in self.steps.mark_ready(&mut self.progress, index) {
-            if let Err(error) = self.launch(b) {
-                self.error = Some(error);
-                break;
-            }
-        }
-        self.interrupted = false;
-    }
-
-    /// Starts bucket `b`'s all-reduce, after checking that it is the next to
-    /// leave: launched out of order, buckets would pair up with the wrong
-    /// buckets of other ranks.
-    fn launch(&mut self, b: usize) -> Result<(), DistError> {
-        let expected = self.works.len();
-        if b != expected {
-            let detail = format!(
-                "mark_ready returned bucket {b}, but the next bucket to leave is bucket {expected}: \
-                 buckets must leave one at a time, in bucket order, each once"
-            );
-            return Err(DistError::Invalid { rank: self.pg.rank(), op: "launching a bucket".into(), detail });
-        }
-        let (pg, buckets, params) = (self.pg.as_ref(), &self.buckets, &self.params);
-        let work =
-            tagged(format!("{}, bucket {b}", self.tag), || self.steps.launch((pg, buckets, params), b))?;
-        self.works.push((b, work));
-        let gradients_ready = self.record.ready_order.len();
-        self.record.launches.push(Launch { bucket: b, at: Instant::now(), gradients_ready });
-        Ok(())
-    }
-}
-
-/// Gradient buckets whose all-reduces overlap with backward.
-pub struct OverlappedBuckets {
+/// A model's gradient buckets, whose all-reduces leave during backward as
+/// the hooks report gradients ready (PyTorch's `Reducer`).
+pub struct Reducer {
     shared: Arc<Mutex<SyncState>>,
     hooks: GradReadyHooks,
 }
 
-impl OverlappedBuckets {
+impl Reducer {
     /// Hooks every parameter of `params` (planned into `buckets`), with the
     /// library's steps.
     pub fn new(pg: Group, params: &[Named], buckets: GradientBuckets) -> Result<Self, DistError> {
         Self::hooked(pg, params, buckets, Box::new(LibrarySteps))
     }
 
-    /// From the next backward on, runs `steps` instead of the current ones
-    /// (a communication hook's, `comm_hook.rs`).
-    pub(super) fn set_steps(&self, steps: Box<dyn BucketSteps>) {
-        self.lock().steps = steps;
+    /// PyTorch's `register_comm_hook`: from the next backward on, each
+    /// bucket is averaged by `hook` instead of the all-reduce and division.
+    pub fn register_comm_hook(&self, hook: CommHook) {
+        self.lock().steps = Box::new(HookSteps(hook));
     }
 
     /// [`new`](Self::new), running `steps` (chapter 6's, through `ddp::seams`).
@@ -240,10 +119,10 @@ impl OverlappedBuckets {
             op: "hooking the parameters".into(),
             detail: e.to_string(),
         })?;
-        Ok(OverlappedBuckets { shared, hooks })
+        Ok(Reducer { shared, hooks })
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, SyncState> {
+    fn lock(&self) -> MutexGuard<'_, SyncState> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -264,14 +143,12 @@ impl OverlappedBuckets {
     /// the step on every rank (this rank returns its own backward error);
     /// parameters that got no gradient are named unless
     /// `find_unused_parameters`. After the first successful call, re-plans
-    /// the buckets from the observed order, and if that changed the layout,
-    /// returns its flat groups: once, for whoever laid something out on the
-    /// old buffers (an optimizer reading the gradients in place).
+    /// the buckets from the observed order.
     pub fn finish(
         &self,
         find_unused_parameters: bool,
         backward: Result<(), DistError>,
-    ) -> Result<Option<FlatGroups>, DistError> {
+    ) -> Result<(), DistError> {
         if let Some(message) = self.hooks.take_panic() {
             let mut p = self.lock();
             p.armed = false;
@@ -311,18 +188,210 @@ impl OverlappedBuckets {
             find_unused_parameters,
             tag: &p.tag,
         };
-        let checked = p.buckets.end_of_backward_check(pg.as_ref(), &p.params, this_rank);
+        let checked = end_of_backward_check(&p.buckets, pg.as_ref(), &p.params, this_rank);
         backward?; // this rank's own error says more than the check's
         checked?;
         if !std::mem::replace(&mut p.replan_pending, false) {
-            return Ok(None);
+            return Ok(());
         }
         let order = agree_on_order(pg.as_ref(), &p.record.ready_order, p.params.len())?;
         let SyncState { buckets, params, .. } = &mut *p;
-        let new_layout = buckets.replan_in_order(pg.as_ref(), params, &order)?;
-        if new_layout.is_some() {
+        if buckets.replan_in_order(pg.as_ref(), params, &order)? {
             p.progress = BucketProgress::new(p.buckets.layout(), p.params.len());
         }
-        Ok(new_layout)
+        Ok(())
     }
+
+    /// Syncs after a backward pass that ran unarmed: every gradient present
+    /// counts as ready, the buckets leave now, and [`finish`](Self::finish)
+    /// waits for them. For callers that ran `loss.backward()` themselves.
+    pub fn sync_now(&self, tag: String, find_unused_parameters: bool) -> Result<(), DistError> {
+        self.arm(tag);
+        {
+            let mut p = self.lock();
+            let present: Vec<usize> =
+                (0..p.params.len()).filter(|&i| p.params[i].1.grad().defined()).collect();
+            present.into_iter().for_each(|i| p.mark(i));
+        }
+        self.finish(find_unused_parameters, Ok(()))
+    }
+
+    /// The last synced backward, as it happened.
+    pub fn last_step(&self) -> StepRecord {
+        self.lock().record.clone()
+    }
+
+    /// Keeps the first layout: no re-plan after the first step.
+    pub fn keep_layout(&self) {
+        self.lock().replan_pending = false;
+    }
+
+    /// The current layout, in the order the buckets leave.
+    pub fn layout(&self) -> Vec<Bucket> {
+        self.lock().buckets.layout().to_vec()
+    }
+
+    /// The names of each bucket's parameters, in buffer order.
+    pub fn names(&self) -> Vec<Vec<String>> {
+        let p = self.lock();
+        p.buckets.names(&p.params)
+    }
+}
+
+/// Where the sync stands, shared by the hooks (on the backward thread) and
+/// the caller: the buckets, which have left, and what the last step did.
+struct SyncState {
+    pg: Group,
+    buckets: GradientBuckets,
+    params: Vec<Named>,
+    /// How buckets are marked, launched and finished: the library's steps,
+    /// a communication hook's, or chapter 6's.
+    steps: Box<dyn BucketSteps>,
+    /// Which gradients are ready and which bucket leaves next (chapter 6).
+    progress: BucketProgress,
+    /// The launched buckets' handles, in launch order.
+    works: Vec<(usize, Work)>,
+    /// Off outside a synced backward (under `no_sync`): the hooks then only
+    /// let gradients accumulate.
+    armed: bool,
+    /// Names this step's all-reduces (the backward thread may not be the
+    /// caller's, so the caller's `tagged` scope does not reach it).
+    tag: String,
+    /// The last synced step as it happened: what tests and benchmarks
+    /// look at.
+    record: StepRecord,
+    /// Whether the buckets are still to be re-planned after a first step.
+    replan_pending: bool,
+    /// The first error met during backward; reported by `finish`.
+    error: Option<DistError>,
+    /// Set while a step runs; still set if it panicked, and then the hooks
+    /// stop calling steps until `finish` reports the panic.
+    interrupted: bool,
+}
+
+impl SyncState {
+    /// Marks `index` ready and launches what `mark_ready` says may leave.
+    fn mark(&mut self, index: usize) {
+        if self.error.is_some() || self.interrupted {
+            return;
+        }
+        if !self.progress.ready[index] {
+            self.record.ready_order.push(index);
+        }
+        self.interrupted = true;
+        for b in self.steps.mark_ready(&mut self.progress, index) {
+            if let Err(error) = self.launch(b) {
+                self.error = Some(error);
+                break;
+            }
+        }
+        self.interrupted = false;
+    }
+
+    /// Starts bucket `b`'s all-reduce, after checking that it is the next to
+    /// leave: launched out of order, buckets would pair up with the wrong
+    /// buckets of other ranks.
+    fn launch(&mut self, b: usize) -> Result<(), DistError> {
+        let expected = self.works.len();
+        if b != expected {
+            let detail = format!(
+                "mark_ready returned bucket {b}, but the next bucket to leave is bucket {expected}: \
+                 buckets must leave one at a time, in bucket order, each once"
+            );
+            return Err(DistError::Invalid { rank: self.pg.rank(), op: "launching a bucket".into(), detail });
+        }
+        let (pg, buckets, params) = (self.pg.as_ref(), &self.buckets, &self.params);
+        let work =
+            tagged(format!("{}, bucket {b}", self.tag), || self.steps.launch((pg, buckets, params), b))?;
+        self.works.push((b, work));
+        let gradients_ready = self.record.ready_order.len();
+        self.record.launches.push(Launch { bucket: b, at: Instant::now(), gradients_ready });
+        Ok(())
+    }
+}
+
+/// What this rank brings to the end-of-backward check.
+struct EndOfBackward<'a> {
+    /// The parameters whose gradient-ready hook did not fire here.
+    unused: &'a [usize],
+    /// Whether this rank's `loss.backward()` returned an error.
+    backward_failed: bool,
+    find_unused_parameters: bool,
+    /// The sync's name, for the all-reduce's tag.
+    tag: &'a str,
+}
+
+/// The check at the end of an overlapped backward, on what went into the
+/// buckets' slots.
+///
+/// A rank whose backward failed, or a parameter without a gradient, still
+/// sent its buckets (zeros in the missing slots), so that no rank hangs.
+/// Then every rank learns which ranks' backward failed, which parameters
+/// got no gradient on some rank, and which got one on some rank: one
+/// all-reduce (MAX) of `[unused here (n) | used here (n) | backward failed,
+/// per rank]`. Every rank reaches the same verdict: a failed backward anywhere
+/// fails the step everywhere (the failing rank gets `PeerGone` naming
+/// itself here; its caller reports its own backward error instead); so
+/// does a parameter without a gradient unless unused parameters were
+/// expected. When they were, a parameter that this rank did not use but
+/// another did gets the averaged gradient here too, so that every replica
+/// takes the same step.
+fn end_of_backward_check(
+    buckets: &GradientBuckets,
+    pg: &dyn ProcessGroup,
+    params: &[Named],
+    this_rank: EndOfBackward<'_>,
+) -> Result<(), DistError> {
+    let (n, world) = (params.len() as i64, pg.world_size() as i64);
+    // On the parameters' device: a GPU backend moves GPU tensors only.
+    let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
+    let mut flags = Tensor::zeros([2 * n + world], (tch::Kind::Int, device));
+    let _ = flags.narrow(0, n, n).fill_(1); // used here, until marked unused below
+    for &i in this_rank.unused {
+        let _ = flags.get(i as i64).fill_(1);
+        let _ = flags.get(n + i as i64).fill_(0);
+    }
+    if this_rank.backward_failed {
+        let _ = flags.get(2 * n + pg.rank() as i64).fill_(1);
+    }
+    tagged(format!("{}, end-of-backward check", this_rank.tag), || pg.all_reduce(&mut flags, ReduceOp::Max))?;
+    let flags: Vec<i32> = Vec::try_from(flags.to_device(tch::Device::Cpu))
+        .map_err(torch_error(pg, "reading the end-of-backward flags"))?;
+    let (unused_somewhere, used_somewhere, failed) =
+        (&flags[..n as usize], &flags[n as usize..2 * n as usize], &flags[2 * n as usize..]);
+
+    if let Some(peer) = failed.iter().position(|&f| f != 0) {
+        let reason = "returned an error from loss.backward() in this step (its own error says why); \
+                      every rank fails the step, since the averages would mix in its missing gradients";
+        return Err(DistError::PeerGone {
+            rank: pg.rank(),
+            op: format!("the gradient sync at the end of backward ({})", this_rank.tag),
+            peer,
+            reason: reason.into(),
+        });
+    }
+    let unused_anywhere: Vec<usize> = (0..params.len()).filter(|&i| unused_somewhere[i] != 0).collect();
+    if unused_anywhere.is_empty() {
+        return Ok(());
+    }
+    if !this_rank.find_unused_parameters {
+        let names: Vec<&str> = unused_anywhere.iter().map(|&i| params[i].0.as_str()).collect();
+        let detail = format!(
+            "parameter(s) {names:?} got no gradient in this backward pass on at least one rank. Their \
+             buckets were sent with zeros in their place, so every rank still agrees; but a model \
+             that skips parameters must say so: pass `find_unused_parameters: true` (PyTorch's \
+             find_unused_parameters=True), or use every parameter in the loss"
+        );
+        return Err(DistError::Invalid {
+            rank: pg.rank(),
+            op: "gradient sync at the end of backward".into(),
+            detail,
+        });
+    }
+    for &i in this_rank.unused {
+        if used_somewhere[i] != 0 {
+            buckets.install(pg, i, params)?; // its slot holds the others' average
+        }
+    }
+    Ok(())
 }

@@ -4,6 +4,19 @@
 //! during [`backward`](SimpleDistributedDataParallelism::backward), except
 //! inside a [`no_sync`](SimpleDistributedDataParallelism::no_sync) scope,
 //! and a clock measures the time spent waiting for them after backward.
+//! PyTorch's `DistributedDataParallel`; the buckets and hooks are the
+//! [`Reducer`]'s.
+//!
+//! | file | what |
+//! | --- | --- |
+//! | this one | [`SimpleDistributedDataParallelism`], and what it asks of an optimizer: [`StepOptimizer`] |
+//! | `no_sync.rs` | the switch that `no_sync` turns off, and its guard |
+//! | `step.rs` | one optimizer step with gradient accumulation: [`train_step`](step::train_step) |
+//! | `accumulation.rs` | the batch arithmetic of accumulation, and its errors |
+
+pub(crate) mod accumulation;
+pub(crate) mod no_sync;
+pub(crate) mod step;
 
 use std::cell::Cell;
 use std::ops::Deref;
@@ -12,15 +25,12 @@ use std::time::{Duration, Instant};
 use tch::nn::{self, Module};
 use tch::{TchError, Tensor};
 
-use super::bucketed::BucketingError;
-use super::buckets::{FlatGroups, GradientBuckets};
-use super::comm_hook::{CommHook, HookSteps};
-use super::layout::{Bucket, BucketCaps};
-use super::no_sync::{NoSyncGuard, SyncSwitch};
-use super::overlap::OverlappedBuckets;
-use super::overlap_record::StepRecord;
-use super::replicated::Replicated;
+use crate::ddp::reducer::{
+    Bucket, BucketCaps, BucketingError, CommHook, GradientBuckets, Reducer, StepRecord,
+};
+use crate::ddp::replicated::Replicated;
 use crate::dist::{DistError, Group};
+use no_sync::{NoSyncGuard, SyncSwitch};
 
 /// What [`optimizer_step`](SimpleDistributedDataParallelism::optimizer_step),
 /// and so [`train_step`](super::train_step), asks of an optimizer.
@@ -30,14 +40,6 @@ pub trait StepOptimizer {
     fn zero_grad(&mut self);
     /// Updates every parameter that has a gradient.
     fn step(&mut self) -> Result<(), TchError>;
-    /// The wrapper re-planned its buckets (once, after its first synced
-    /// step): an optimizer that reads the gradients in place, laid out on
-    /// the old buffers, lays itself out again on `groups`. One that reads
-    /// `.grad()` every step needs nothing, and that is the default.
-    fn regroup(&mut self, groups: FlatGroups) -> Result<(), String> {
-        let _ = groups;
-        Ok(())
-    }
 }
 
 // ANCHOR: wrapper
@@ -49,7 +51,7 @@ pub trait StepOptimizer {
 /// `module`, `rank`, ...) come through `Deref` from [`Replicated`].
 pub struct SimpleDistributedDataParallelism<M: Module> {
     replicated: Replicated<M>,
-    buckets: OverlappedBuckets,
+    reducer: Reducer,
     /// PyTorch's `find_unused_parameters`: whether a parameter may get no
     /// gradient in a step (see [`Self::find_unused_parameters`]).
     find_unused: bool,
@@ -61,9 +63,6 @@ pub struct SimpleDistributedDataParallelism<M: Module> {
     /// of the communication that did not overlap), and how many there were.
     sync_time: Cell<Duration>,
     syncs: Cell<u64>,
-    /// The flat groups of the buckets, when a sync re-planned them, until
-    /// taken ([`take_new_layout`](Self::take_new_layout)).
-    new_layout: Cell<Option<FlatGroups>>,
 }
 // ANCHOR_END: wrapper
 
@@ -87,17 +86,15 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         let replicated = Replicated::new(module, vs, pg)?;
         let pg = replicated.process_group().clone();
         let buckets = GradientBuckets::plan(pg.as_ref(), replicated.parameters(), caps)?;
-        let buckets =
-            OverlappedBuckets::new(pg, replicated.parameters(), buckets).map_err(BucketingError::Dist)?;
+        let reducer = Reducer::new(pg, replicated.parameters(), buckets).map_err(BucketingError::Dist)?;
         Ok(SimpleDistributedDataParallelism {
             replicated,
-            buckets,
+            reducer,
             find_unused: false,
             switch: SyncSwitch::new(),
             backwards_since_sync: Cell::new(0),
             sync_time: Cell::new(Duration::ZERO),
             syncs: Cell::new(0),
-            new_layout: Cell::new(None),
         })
     }
 
@@ -111,12 +108,13 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         if !self.switch.is_on() {
             return self.replicated.local_backward(loss); // accumulate here, send nothing
         }
-        self.buckets.arm(self.sync_tag());
+        self.reducer.arm(self.sync_tag());
         let backward = self.replicated.local_backward(loss);
-        let started = Instant::now(); // what is left to wait for is what did not overlap
-                                      // Even when this rank's backward failed: its peers' buckets wait for
-                                      // its own, and the end-of-backward check fails the step everywhere.
-        let synced = self.buckets.finish(self.find_unused, backward);
+        // What is left to wait for is what did not overlap. Finish even when
+        // this rank's backward failed: its peers' buckets wait for its own,
+        // and the end-of-backward check fails the step everywhere.
+        let started = Instant::now();
+        let synced = self.reducer.finish(self.find_unused, backward);
         self.clocked(started, synced)
     }
 
@@ -126,7 +124,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// `backward` syncs on its own.
     pub fn sync_gradients(&self) -> Result<(), DistError> {
         let started = Instant::now();
-        let synced = self.buckets.sync_now(self.sync_tag(), self.find_unused);
+        let synced = self.reducer.sync_now(self.sync_tag(), self.find_unused);
         self.clocked(started, synced)
     }
 
@@ -137,46 +135,19 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         format!("gradient sync after {passes} backward pass(es)")
     }
 
-    /// Counts a sync that began at `started`, and keeps the layout it
-    /// reports if it re-planned the buckets.
-    fn clocked(
-        &self,
-        started: Instant,
-        synced: Result<Option<FlatGroups>, DistError>,
-    ) -> Result<(), DistError> {
+    /// Counts a sync that began at `started`.
+    fn clocked(&self, started: Instant, synced: Result<(), DistError>) -> Result<(), DistError> {
         self.sync_time.set(self.sync_time.get() + started.elapsed());
         self.syncs.set(self.syncs.get() + 1);
-        if let Some(groups) = synced? {
-            self.new_layout.set(Some(groups));
-        }
-        Ok(())
+        synced
     }
 
     /// `optimizer.step()` on the averaged gradients, after the last
-    /// micro-batch's backward. If a sync re-planned the buckets since the
-    /// last step (the first synced step may: see `layout.rs`), lays the
-    /// optimizer out on the new ones first (`regroup`): one laid out on the
-    /// old buffers would read stale gradients. [`train_step`](super::train_step)
-    /// calls it; a hand-written loop should too.
+    /// micro-batch's backward, with a libtorch error named as this rank's.
+    /// [`train_step`](step::train_step) calls it.
     pub fn optimizer_step<O: StepOptimizer>(&self, optimizer: &mut O) -> Result<(), DistError> {
-        if let Some(groups) = self.take_new_layout() {
-            let op = "laying the optimizer out on the re-planned buckets".to_string();
-            optimizer.regroup(groups).map_err(|detail| DistError::Invalid {
-                rank: self.rank(),
-                op,
-                detail,
-            })?;
-        }
         let op = "optimizer.step()".to_string();
         optimizer.step().map_err(|cause| DistError::Torch { rank: self.rank(), op, cause })
-    }
-
-    /// The new layout's flat groups if a sync re-planned the buckets since
-    /// the last call (the first synced step may), else `None`. An optimizer
-    /// laid out on the old buffers must be laid out again on these
-    /// ([`optimizer_step`](Self::optimizer_step) does it).
-    pub fn take_new_layout(&self) -> Option<FlatGroups> {
-        self.new_layout.take()
     }
     // ANCHOR_END: backward
 
@@ -211,7 +182,7 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// division (`ddp::bf16_compress_hook` sends bfloat16, half the bytes).
     /// Register the same hook on every rank, between steps.
     pub fn register_comm_hook(&self, hook: CommHook) {
-        self.buckets.set_steps(Box::new(HookSteps(hook)));
+        self.reducer.register_comm_hook(hook);
     }
 
     /// Whether the next `backward` will average the gradients.
@@ -228,26 +199,20 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
 
     /// The bucket layout, in the order the buckets are all-reduced. After
     /// the first synced step it follows the order in which the gradients
-    /// became ready (see `layout.rs`).
+    /// became ready (the reducer re-plans it once).
     pub fn buckets(&self) -> Vec<Bucket> {
-        self.buckets.layout()
+        self.reducer.layout()
     }
 
     /// The last synced backward as it happened: when each bucket left, and
     /// in which order the gradients became ready.
     pub fn last_step(&self) -> StepRecord {
-        self.buckets.last_step()
-    }
-
-    /// Each bucket's members and its buffer, where their averaged gradients
-    /// are after a sync: `AdamW::with_groups` updates them there, flat.
-    pub fn flat_groups(&self) -> FlatGroups {
-        self.buckets.flat_groups()
+        self.reducer.last_step()
     }
 
     /// The names of each bucket's parameters, in buffer order.
     pub fn bucket_names(&self) -> Vec<Vec<String>> {
-        self.buckets.names()
+        self.reducer.names()
     }
 
     /// Wall time spent waiting for gradient syncs after backward since

@@ -6,14 +6,14 @@
 //! One optimizer step of the whole DDP loop, with gradient accumulation over
 //! this rank's micro-batches: [`train_step`]. The training run
 //! (`src/train/run.rs`) and the chapter-7 tests call it once per step, with
-//! any optimizer that has the three methods of [`StepOptimizer`]
-//! (`wrapper.rs`): tch's `nn::Optimizer` (below), or the run's `AdamW`.
+//! any optimizer that has the two methods of [`StepOptimizer`]: tch's
+//! `nn::Optimizer` (below), the run's `AdamW`, or ZeRO's `ShardedAdamW`.
 
 use tch::nn::{self, Module};
 use tch::{TchError, Tensor};
 
-use super::batch::check_micro_batch_sizes;
-use super::wrapper::{SimpleDistributedDataParallelism, StepOptimizer};
+use super::accumulation::check_micro_batch_sizes;
+use super::{SimpleDistributedDataParallelism, StepOptimizer};
 use crate::dist::DistError;
 
 /// tch's optimizers read `.grad()` every step. (Their `step` panics on a

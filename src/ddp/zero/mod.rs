@@ -1,62 +1,38 @@
 //! ZeRO stage 1 in the finished library: [`ShardedAdamW`], AdamW sharded
-//! over the ranks. Plain DDP keeps the whole AdamW state on every rank, N
-//! identical copies; here each rank owns one shard of every bucket's flat
-//! parameters and steps AdamW on that shard only, so it keeps 1/N of the
-//! moments. This file lays the buckets out and runs the step; the two
-//! functions chapter 11 asks the learner for, [`shard_of`] and
-//! [`step_bucket`], are the library's in `zero_steps.rs` (the spoilers live
-//! there), and the optimizer runs them, or the learner's through `seams.rs`.
+//! over the ranks (PyTorch's `ZeroRedundancyOptimizer`). Plain DDP keeps the
+//! whole AdamW state on every rank, N identical copies; here each rank owns
+//! one shard of every bucket's flat parameters and steps AdamW on that shard
+//! only, so it keeps 1/N of the moments. This file lays the buckets out,
+//! runs the step and gathers the state for a checkpoint; the two functions
+//! chapter 11 asks the learner for, [`shard_of`] and [`step_bucket`], are in
+//! `shards.rs` (the spoilers live there), and the optimizer runs them, or
+//! the learner's through `ddp::seams`.
 //!
 //! With the wrapper, keep every backward of a step inside `no_sync`: the
 //! gradients are reduce-scattered by [`ShardedAdamW::step`], not all-reduced
 //! by the wrapper (the training run's `--zero 1` does).
-//! `zero_checkpoint.rs` gathers the shards into one state and cuts them again.
+//!
+//! No rank holds the whole AdamW state, so saving it is a collective
+//! ([`ShardedAdamW::gathered_state`]): every rank all-gathers every bucket's
+//! moments and cuts them back into per-parameter tensors, named as the
+//! training run's `AdamW::state` names them. Loading cuts each rank's shard
+//! out of such a state, whatever world size saved it, so a run can resume
+//! on another number of ranks (or with plain AdamW).
+
+mod shards;
 
 use tch::{TchError, Tensor};
 
-use super::adamw_update::AdamWUpdate;
-use super::layout::{plan_buckets, BucketCaps, ParamMeta};
-use super::wrapper::StepOptimizer;
-use super::zero_steps::{shard_of, step_bucket};
+pub use shards::{shard_of, step_bucket, Shard, ShardedBucket};
+
+use crate::ddp::adamw_update::AdamWUpdate;
+use crate::ddp::reducer::{plan_buckets, BucketCaps, ParamMeta};
+use crate::ddp::wrapper::StepOptimizer;
 use crate::dist::{torch_error, DistError, Group, ProcessGroup};
 use crate::models::Named;
 
-// ANCHOR: shard
-/// The part of a flat buffer one rank owns. The buffer is padded with zeros
-/// to `padded_numel` elements so that it splits into `world_size` shards of
-/// `len` elements each; this rank's is `offset .. offset + len`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    /// The buffer's length after padding: `len * world_size`.
-    pub padded_numel: usize,
-    /// Where this rank's shard starts in the padded buffer.
-    pub offset: usize,
-    /// Every rank's shard length.
-    pub len: usize,
-}
-
-/// One bucket of parameters as a ZeRO-1 rank holds it.
-pub struct ShardedBucket {
-    /// Its parameters, as indices into the optimizer's list, in buffer order.
-    pub members: Vec<usize>,
-    /// The members' elements together, before padding.
-    pub numel: usize,
-    /// This rank's part of the padded buffers.
-    pub shard: Shard,
-    /// `[padded_numel]`: every member's values back to back, then zeros. The
-    /// members ARE views into it: writing here changes the model.
-    pub param: Tensor,
-    /// `[padded_numel]`: this rank's own gradients, copied in before each
-    /// step, then zeros.
-    pub grad: Tensor,
-    /// `[len]`: the first and second moments of this rank's shard only.
-    pub exp_avg: Tensor,
-    pub exp_avg_sq: Tensor,
-}
-// ANCHOR_END: shard
-
 /// The two functions a [`ShardedAdamW`] runs: the library's ([`shard_of`],
-/// [`step_bucket`]) unless chapter 11 plugs in the learner's (`seams.rs`).
+/// [`step_bucket`]) unless chapter 11 plugs in the learner's (`ddp::seams`).
 #[derive(Clone, Copy)]
 pub struct ZeroSteps {
     pub shard_of: fn(usize, usize, usize) -> Shard,
@@ -75,16 +51,19 @@ pub struct ShardedAdamW {
     pub eps: f64,
     /// Decoupled weight decay, as in the training run's `AdamW`.
     pub weight_decay: f64,
-    pub(super) pg: Group,
+    pg: Group,
     /// Shallow handles on the parameters (they share storage and `.grad()`).
-    pub(super) params: Vec<Named>,
-    pub(super) buckets: Vec<ShardedBucket>,
-    pub(super) step: i64,
+    params: Vec<Named>,
+    buckets: Vec<ShardedBucket>,
+    step: i64,
     /// Whose `shard_of` and `step_bucket` run: the library's, or chapter 11's.
     steps: ZeroSteps,
 }
 
+// ANCHOR_END: optimizer
+
 impl ShardedAdamW {
+    // ANCHOR: new
     /// Lays `params` out in buckets planned with `caps` (the library's
     /// `plan_buckets`, the same on every rank), each padded to a length that
     /// splits into one equal shard per rank; the parameters become views
@@ -100,12 +79,10 @@ impl ShardedAdamW {
         let steps = ZeroSteps { shard_of, step_bucket };
         Self::built_with(params, pg, caps, lr, weight_decay, steps)
     }
-}
-// ANCHOR_END: optimizer
+    // ANCHOR_END: new
 
-impl ShardedAdamW {
-    /// [`new`](Self::new), running `steps` (chapter 11's door, `seams.rs`).
-    pub(super) fn built_with(
+    /// [`new`](Self::new), running `steps` (chapter 11's door, `ddp::seams`).
+    pub(crate) fn built_with(
         params: &[Named],
         pg: Group,
         caps: BucketCaps,
@@ -125,10 +102,8 @@ impl ShardedAdamW {
         let (beta1, beta2, eps) = (0.9, 0.999, 1e-8);
         Ok(ShardedAdamW { lr, beta1, beta2, eps, weight_decay, pg, params, buckets, step: 0, steps })
     }
-}
 
-// ANCHOR: step
-impl ShardedAdamW {
+    // ANCHOR: step
     /// One step on every rank: each bucket's gradients go into its padded
     /// buffer, then `step_bucket` reduce-scatters them, steps this rank's
     /// shard and all-gathers the parameters. Every parameter must have a
@@ -165,10 +140,8 @@ impl ShardedAdamW {
         }
         Ok(())
     }
-}
-// ANCHOR_END: step
+    // ANCHOR_END: step
 
-impl ShardedAdamW {
     /// Forgets every gradient: the next backward starts from nothing.
     pub fn zero_grad(&mut self) {
         for (_, param) in &mut self.params {
@@ -198,6 +171,76 @@ impl ShardedAdamW {
     /// How many steps this optimizer has taken.
     pub fn steps_taken(&self) -> i64 {
         self.step
+    }
+
+    // ANCHOR: gather
+    /// The whole optimizer state, on every rank: `step`, and `exp_avg.<name>`
+    /// and `exp_avg_sq.<name>` for every parameter, in its shape (what
+    /// `AdamW::state` returns). A collective: every rank must call it.
+    pub fn gathered_state(&self) -> Result<Vec<Named>, DistError> {
+        let pg = self.pg.as_ref();
+        let mut state = vec![("step".to_string(), Tensor::from_slice(&[self.step]))];
+        for bucket in &self.buckets {
+            for (prefix, shard) in [("exp_avg", &bucket.exp_avg), ("exp_avg_sq", &bucket.exp_avg_sq)] {
+                let shards = pg.all_gather(shard)?; // world_size x [len], in rank order
+                let whole =
+                    Tensor::f_cat(&shards, 0).map_err(torch_error(pg, "joining the gathered moments"))?;
+                let mut offset = 0;
+                for &i in &bucket.members {
+                    let (name, param) = &self.params[i];
+                    let numel = param.numel() as i64;
+                    state.push((
+                        format!("{prefix}.{name}"),
+                        whole.narrow(0, offset, numel).reshape(param.size()),
+                    ));
+                    offset += numel;
+                }
+            }
+        }
+        Ok(state)
+    }
+    // ANCHOR_END: gather
+
+    /// Restores a state that [`gathered_state`](Self::gathered_state) or
+    /// `AdamW::state` returned, on any world size: each rank keeps its own
+    /// shard of it. Fails, naming the entry, if one is missing or has the
+    /// wrong shape or dtype. Needs no communication.
+    pub fn load_state(&mut self, state: &[Named]) -> Result<(), DistError> {
+        let rank = self.pg.rank();
+        let invalid =
+            |detail: String| DistError::Invalid { rank, op: "ShardedAdamW::load_state".into(), detail };
+        let find = |key: &str| {
+            let entry = state.iter().find(|(name, _)| name == key).map(|(_, t)| t);
+            entry.ok_or_else(|| invalid(format!("no optimizer entry `{key}`")))
+        };
+        let step =
+            Vec::<i64>::try_from(find("step")?).ok().and_then(|s| s.first().copied()).filter(|&s| s >= 0);
+        let step = step.ok_or_else(|| invalid("the optimizer entry `step` is not a step count".into()))?;
+        for bucket in &mut self.buckets {
+            let (offset, len) = (bucket.shard.offset as i64, bucket.shard.len as i64);
+            for prefix in ["exp_avg", "exp_avg_sq"] {
+                let mut flats = vec![];
+                for &i in &bucket.members {
+                    let (name, param) = &self.params[i];
+                    let (key, saved) = (format!("{prefix}.{name}"), find(&format!("{prefix}.{name}"))?);
+                    if saved.size() != param.size() || saved.kind() != param.kind() {
+                        let (kind, size) = (param.kind(), param.size());
+                        let found = format!("{:?} {:?}", saved.kind(), saved.size());
+                        return Err(invalid(format!(
+                            "optimizer entry `{key}` is {found}, the model needs {kind:?} {size:?}"
+                        )));
+                    }
+                    flats.push(saved.reshape([-1]));
+                }
+                let padding = bucket.shard.padded_numel - bucket.numel;
+                flats.push(Tensor::zeros([padding as i64], (bucket.param.kind(), bucket.param.device())));
+                let whole = Tensor::cat(&flats, 0); // [padded_numel]
+                let mine = if prefix == "exp_avg" { &mut bucket.exp_avg } else { &mut bucket.exp_avg_sq };
+                mine.copy_(&whole.narrow(0, offset, len));
+            }
+        }
+        self.step = step;
+        Ok(())
     }
 }
 

@@ -3,17 +3,51 @@
 //! through the book? Write yours first; the book shows them at the end of
 //! the chapter.
 //!
-//! The two decisions of ZeRO-1 that the optimizer in `zero.rs`
-//! ([`ShardedAdamW`](super::ShardedAdamW)) runs: which shard of a bucket a
-//! rank owns, and one step of a bucket (reduce-scatter the gradients, AdamW
-//! on this rank's shard, all-gather the parameters). Chapter 11's reference
-//! (`src/ch11_zero/solution.rs`) re-exports them.
+//! What a ZeRO-1 rank holds of one bucket ([`Shard`], [`ShardedBucket`]), and
+//! the two decisions the optimizer ([`ShardedAdamW`](super::ShardedAdamW))
+//! runs on it: which shard of a bucket a rank owns, and one step of a bucket
+//! (reduce-scatter the gradients, AdamW on this rank's shard, all-gather the
+//! parameters). Chapter 11's reference (`src/ch11_zero/solution.rs`)
+//! re-exports them.
 
 use tch::Tensor;
 
-use super::adamw_update::AdamWUpdate;
-use super::zero::{Shard, ShardedBucket};
+use crate::ddp::adamw_update::AdamWUpdate;
 use crate::dist::{torch_error, DistError, ProcessGroup, ReduceOp};
+
+// ANCHOR: shard
+/// The part of a flat buffer one rank owns. The buffer is padded with zeros
+/// to `padded_numel` elements so that it splits into `world_size` shards of
+/// `len` elements each; this rank's is `offset .. offset + len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// The buffer's length after padding: `len * world_size`.
+    pub padded_numel: usize,
+    /// Where this rank's shard starts in the padded buffer.
+    pub offset: usize,
+    /// Every rank's shard length.
+    pub len: usize,
+}
+
+/// One bucket of parameters as a ZeRO-1 rank holds it.
+pub struct ShardedBucket {
+    /// Its parameters, as indices into the optimizer's list, in buffer order.
+    pub members: Vec<usize>,
+    /// The members' elements together, before padding.
+    pub numel: usize,
+    /// This rank's part of the padded buffers.
+    pub shard: Shard,
+    /// `[padded_numel]`: every member's values back to back, then zeros. The
+    /// members ARE views into it: writing here changes the model.
+    pub param: Tensor,
+    /// `[padded_numel]`: this rank's own gradients, copied in before each
+    /// step, then zeros.
+    pub grad: Tensor,
+    /// `[len]`: the first and second moments of this rank's shard only.
+    pub exp_avg: Tensor,
+    pub exp_avg_sq: Tensor,
+}
+// ANCHOR_END: shard
 
 // ANCHOR: shard_of
 /// The shard rank `rank` of `world_size` owns of a flat buffer of `numel`

@@ -1,23 +1,10 @@
-//! Training checkpoints: one safetensors file that holds everything a run
-//! needs to continue exactly where it stopped. Written by rank 0 alone,
-//! atomically; on `--resume` read by rank 0, whose bytes the other ranks
-//! receive (`resume.rs`). Checked by
-//! `cargo test --test train`.
-//!
-//! The file's tensors, by name:
-//! - `model.<name>`: the unwrapped model's parameters and buffers, under
-//!   their `VarStore` names (so [`load_model_weights`] fills a fresh model);
-//! - `optim.<name>`: the optimizer's state ([`super::optim::AdamW::state`]);
-//! - `train.step`, `train.epoch`, `train.position`: where the loop stands;
-//! - `run.<setting>`: the settings that fix the run's numbers (seed, batch,
-//!   learning rate, ...), so that a resume with other settings is refused;
-//! - `train.checksum`: a hash of all the above, so that a damaged file is an
-//!   error and not a silently different model.
+//! The checkpoint file: what it holds ([`Checkpoint`]), how it is read and
+//! checked ([`load`], [`from_bytes`]), and why a read fails
+//! ([`CheckpointError`], each error saying what to do).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use tch::nn::VarStore;
 use tch::{Kind, TchError, Tensor};
 
 use crate::ddp::Named;
@@ -113,10 +100,6 @@ fn one_line(error: &TchError) -> String {
     }
 }
 
-pub use super::saving::{
-    check_writable, leftover_temporaries, previous_path, save, save_step_by_step, temporary_path, SaveStep,
-};
-
 /// The tensors of `checkpoint` under their file names, without the checksum.
 fn entries(checkpoint: &Checkpoint) -> Vec<Named> {
     let mut tensors: Vec<Named> = Vec::new();
@@ -179,6 +162,12 @@ pub(super) fn checksum(tensors: &[Named]) -> i64 {
 /// check that it fits a model: [`Checkpoint::check_settings`] and the
 /// loaders that copy its tensors do.
 pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    read(path).map(|(checkpoint, _)| checkpoint)
+}
+
+/// [`load`], returning the file's bytes too (what rank 0 sends the others
+/// on `--resume`).
+pub fn read(path: &Path) -> Result<(Checkpoint, Vec<u8>), CheckpointError> {
     if !path.is_file() {
         return Err(CheckpointError::Missing { path: path.to_path_buf() });
     }
@@ -186,12 +175,12 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
         path: path.to_path_buf(),
         cause: TchError::Io(error),
     })?;
-    from_bytes(path, &bytes)
+    Ok((from_bytes(path, &bytes)?, bytes))
 }
 
 /// The checkpoint in `bytes`, the contents of a checkpoint file (`path`
 /// names it in errors), its checksum checked: what [`load`] reads, and what
-/// a resumed run's ranks receive from rank 0 (`resume.rs`).
+/// a resumed run's ranks receive from rank 0.
 pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     let invalid = |detail: String| CheckpointError::Invalid { path: path.to_path_buf(), detail };
     let unreadable = |cause| CheckpointError::Unreadable { path: path.to_path_buf(), cause };
@@ -283,7 +272,7 @@ impl Checkpoint {
 }
 
 /// Copies `saved[name]` into each `(name, target)` of `targets`.
-fn copy_named(saved: &[Named], targets: &[Named]) -> Result<(), String> {
+pub(super) fn copy_named(saved: &[Named], targets: &[Named]) -> Result<(), String> {
     for (name, target) in targets {
         let Some((_, value)) = saved.iter().find(|(n, _)| n == name) else {
             return Err(format!("the model has `{name}`, the checkpoint does not"));
@@ -302,14 +291,10 @@ fn copy_named(saved: &[Named], targets: &[Named]) -> Result<(), String> {
     Ok(())
 }
 
-/// Fills every variable of `vs` (parameters and buffers) with the weights
-/// of the checkpoint at `path`: how to use a trained model outside the loop.
-/// `path` may also hold a PyTorch `state_dict` saved with safetensors
-/// (`state_dict.rs`).
-pub fn load_model_weights(vs: &VarStore, path: &Path) -> Result<(), CheckpointError> {
-    let saved = super::state_dict::model_tensors(path)?;
-    let mut variables: Vec<Named> = vs.variables().into_iter().collect();
-    variables.sort_by(|a, b| a.0.cmp(&b.0)); // errors name the same variable every time
-    copy_named(&saved, &variables)
-        .map_err(|detail| CheckpointError::Invalid { path: path.to_path_buf(), detail })
+/// Where `save` keeps the checkpoint that the newest one replaced: the
+/// fallback that a damaged checkpoint's error points to.
+pub fn previous_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".prev");
+    PathBuf::from(name)
 }

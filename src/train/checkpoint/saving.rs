@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tch::Tensor;
 
-use super::checkpoint::{checksum, contents, Checkpoint, CheckpointError};
+use super::file::{checksum, contents, previous_path, Checkpoint, CheckpointError};
 use crate::ddp::Named;
 
 /// `<path><suffix>`, next to `path`.
@@ -43,11 +43,6 @@ pub fn leftover_temporaries(path: &Path) -> Vec<PathBuf> {
             file.starts_with(&prefix) && file.ends_with(".tmp")
         })
         .collect()
-}
-
-/// Where `save` keeps the checkpoint that the newest one replaced.
-pub fn previous_path(path: &Path) -> PathBuf {
-    with_suffix(path, ".prev")
 }
 
 /// Checks, before a run trains for hours, that a checkpoint can be written

@@ -1,21 +1,22 @@
-//! The model tensors of a weights file, for [`super::checkpoint::load_model_weights`]:
-//! either a training checkpoint of this crate (its `model.<name>` entries,
+//! A model's weights from a file, outside the training loop
+//! ([`load_model_weights`]): either a training checkpoint of this crate (its `model.<name>` entries,
 //! checksum checked) or a PyTorch `state_dict` saved with safetensors, e.g.
 //! `safetensors.torch.save_file(model.state_dict(), "gpt.safetensors")` of
 //! the twin in scripts/torch/models.py, whose names are the model's own.
 
 use std::path::Path;
 
+use tch::nn::VarStore;
 use tch::{TchError, Tensor};
 
-use super::checkpoint::{from_bytes, CheckpointError};
+use super::file::{copy_named, from_bytes, CheckpointError};
 use crate::ddp::Named;
 
-/// Names that only a checkpoint of this crate has (see `checkpoint.rs`).
+/// Names that only a checkpoint of this crate has (see `file.rs`).
 const CHECKPOINT_PREFIXES: [&str; 4] = ["model.", "optim.", "run.", "train."];
 
 /// The model's tensors in the file at `path`, by the model's names.
-pub fn model_tensors(path: &Path) -> Result<Vec<Named>, CheckpointError> {
+fn model_tensors(path: &Path) -> Result<Vec<Named>, CheckpointError> {
     if !path.is_file() {
         return Err(CheckpointError::Missing { path: path.to_path_buf() });
     }
@@ -41,4 +42,15 @@ pub fn model_tensors(path: &Path) -> Result<Vec<Named>, CheckpointError> {
         tensors.push((name, Tensor::try_from(view).map_err(unreadable)?));
     }
     Ok(tensors)
+}
+
+/// Fills every variable of `vs` (parameters and buffers) with the weights
+/// of the checkpoint at `path`: how to use a trained model outside the loop.
+/// `path` may also hold a PyTorch `state_dict` saved with safetensors.
+pub fn load_model_weights(vs: &VarStore, path: &Path) -> Result<(), CheckpointError> {
+    let saved = model_tensors(path)?;
+    let mut variables: Vec<Named> = vs.variables().into_iter().collect();
+    variables.sort_by(|a, b| a.0.cmp(&b.0)); // errors name the same variable every time
+    copy_named(&saved, &variables)
+        .map_err(|detail| CheckpointError::Invalid { path: path.to_path_buf(), detail })
 }
