@@ -10,7 +10,8 @@
 #              with its ANCHOR_END, and some lines (mdBook itself would
 #              silently empty the listing)
 #   browser    the book in headless Chromium: every page loads, every image
-#              renders, every link and #anchor resolves, no script error
+#              renders, every link and #anchor resolves, no script error or
+#              console.error, no failed request, none off loopback
 #              (scripts/check_book_in_browser.py, which first proves it
 #              catches the problems planted in scripts/testdata/browser_book/);
 #              saves the README's screenshots to docs/screenshots/

@@ -4,8 +4,9 @@
 //! then `mdbook build` and scripts/check_book_in_browser.py on book/, which
 //! opens every page in headless Chromium (Debian's package, installed by
 //! scripts/setup.sh) from a loopback server and fails on a page that does
-//! not load, an image that does not render, a broken link or anchor, or a
-//! script error; it saves the README's screenshots to docs/screenshots/.
+//! not load, an image that does not render, a broken link or anchor, a
+//! script error or `console.error`, a file that fails to load, or a request
+//! to another address; it saves the README's screenshots to docs/screenshots/.
 //! Run it: `cargo xtask test --only browser`.
 
 use std::process::Command;
