@@ -4,8 +4,10 @@
 //! run never use a chapter, the bottom layer (models, data, comparisons,
 //! autograd) uses neither, and a chapter never uses another chapter; and
 //! only the chapters and their tests use the workbook's seams
-//! (`ddp::seams`: `seams_check.rs`). Run it: `cargo xtask test --only
-//! layering`. Unit tests: xtask/tests/layering_check.rs.
+//! (`ddp::seams`: `seams_check.rs`); and no two files of `src/`,
+//! `examples/` or `xtask/src/` use each other (`circles.rs`). Run it:
+//! `cargo xtask test --only layering`. Unit tests:
+//! xtask/tests/layering_check.rs, xtask/tests/layering_circles.rs.
 //!
 //! What a file "names" is every module of the crate that a path in it
 //! reaches: `crate::ddp::..`, `ddp_workbook::ch06_overlap::..`, a group such
@@ -15,6 +17,8 @@
 //! several lines counts and one in a string or a comment does not; the
 //! code blocks of doc comments count too (rustdoc compiles them), their
 //! prose does not.
+
+pub mod circles; // part 3: no two sibling files import each other
 
 use std::path::Path;
 
@@ -92,15 +96,18 @@ pub const EXCEPTIONS: &[Exception] = &[Exception {
 }];
 
 /// What the check found: how many files it read, and each violation as
-/// `path:line: ...`, saying what to do.
+/// `path:line: ...` (or a circle, `a <-> b: ...`), saying what to do.
 #[derive(Debug, Default)]
 pub struct LayeringOutcome {
     pub files_scanned: usize,
     pub violations: Vec<String>,
+    /// The circle part's counts; its problems are among `violations`.
+    pub circles: circles::CirclesOutcome,
 }
 
 /// Checks every `.rs` file under `root`'s `src/` and `examples/`, and
-/// those of `tests/` for the seams only.
+/// those of `tests/` for the seams only; then the crates of `src/`,
+/// `examples/` and `xtask/src/` for import circles.
 pub fn check_layering(root: &Path) -> LayeringOutcome {
     let mut outcome = LayeringOutcome::default();
     for top in ["src", "examples", "tests"] {
@@ -115,6 +122,8 @@ pub fn check_layering(root: &Path) -> LayeringOutcome {
             outcome.violations.dedup(); // a file that does not lex: said once, not by both parts
         }
     }
+    outcome.circles = circles::import_circles(root);
+    outcome.violations.extend(outcome.circles.problems.iter().cloned());
     outcome
 }
 
@@ -306,15 +315,24 @@ fn path_attribute_chapter(level: &[TokenTree], at: usize) -> Option<String> {
 pub fn layering(ctx: &crate::Context, report: &mut crate::report::Report) {
     use crate::report::Outcome;
     report.section(
-        "layering: imports go one way (docs/architecture.md): no chapter in the library, no seam outside the chapters",
+        "layering: imports go one way (docs/architecture.md): no chapter in the library, no seam outside the \
+         chapters, no two files using each other",
     );
     let outcome = check_layering(&ctx.root);
     outcome.violations.iter().for_each(|violation| println!("  {violation}"));
     if outcome.violations.is_empty() {
-        let detail = format!("{} files of src/, examples/ and tests/ keep the layers", outcome.files_scanned);
+        let detail = format!(
+            "{} files of src/, examples/ and tests/ keep the layers; {} crates ({} files) have no new import \
+             circle ({} known, listed in xtask/src/layering_check/circles.rs)",
+            outcome.files_scanned,
+            outcome.circles.crates,
+            outcome.circles.files,
+            outcome.circles.known.len()
+        );
         report.check("layering", Outcome::Ok, &detail);
     } else {
-        let detail = format!("{} imports against the layers (above)", outcome.violations.len());
+        let detail =
+            format!("{} imports against the layers or in a circle (above)", outcome.violations.len());
         report.check("layering", Outcome::Fail, &detail);
     }
 }

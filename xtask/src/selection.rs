@@ -55,7 +55,7 @@ pub static CHECKS: &[Check] = &[
     },
     Check {
         name: "layering",
-        what: "the imports of src/ and examples/ keep the layers of docs/architecture.md: no chapter in the library, the training run or the examples",
+        what: "the imports of src/ and examples/ keep the layers of docs/architecture.md: no chapter in the library, the training run or the examples; no two files of src/, examples/ or xtask/src/ use each other",
         needs_libtorch: false,
         run: layering_check::layering,
     },
