@@ -22,6 +22,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use clap::Parser;
 
 #[path = "figures/chart.rs"]
 mod chart;
@@ -116,35 +117,33 @@ fn compare(drawn: &[(&'static str, String)], dir: &Path, all: bool) -> anyhow::R
 }
 
 /// The command line: `[--check | --stdout] [--dir FOLDER] [--only PREFIX[,PREFIX...]]`.
+/// A flag given twice is no error: the last `--dir` counts and each
+/// `--only` adds its prefixes, so a command that appends a flag to a
+/// command line that has it already still runs.
+#[derive(Parser)]
+#[command(
+    about = "Draws the book's figures, as SVG, into chapters/figures/ (docs/figures.md lists them)",
+    args_override_self = true
+)]
 struct Args {
+    /// Draw every figure in memory and compare it with the folder's file,
+    /// writing nothing; fail naming each one that differs or is missing
+    #[arg(long)]
     check: bool,
+    /// Print the SVGs on stdout and write nothing (a notebook shows them);
+    /// it wins over --check
+    #[arg(long)]
     stdout: bool,
+    /// The folder of the figures
+    #[arg(long, value_name = "FOLDER", default_value_os_t = committed_dir())]
     dir: PathBuf,
+    /// Only the figures whose file name starts with one of these
+    #[arg(long, value_name = "PREFIX", value_delimiter = ',')]
     only: Vec<String>,
 }
 
-fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args { check: false, stdout: false, dir: committed_dir(), only: Vec::new() };
-    let mut words = std::env::args().skip(1);
-    while let Some(word) = words.next() {
-        match word.as_str() {
-            "--check" => args.check = true,
-            "--stdout" => args.stdout = true,
-            "--dir" => args.dir = PathBuf::from(words.next().context("--dir needs a folder")?),
-            "--only" => {
-                let list = words.next().context("--only needs file-name prefixes, e.g. --only ch01,ch05")?;
-                args.only.extend(list.split(',').map(str::to_string));
-            }
-            _ => anyhow::bail!(
-                "unknown argument `{word}`; the arguments are --check, --stdout, --dir FOLDER and --only PREFIX[,...]"
-            ),
-        }
-    }
-    Ok(args)
-}
-
 fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = Args::parse();
     let (drawn, dir) = (draw_all(&args.only)?, &args.dir);
     anyhow::ensure!(!drawn.is_empty(), "no figure's file name starts with {:?}", args.only);
     if args.stdout {
