@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use tch::Device;
 
-use super::{train_rank, Event, RankOutcome, TrainConfig};
+use super::config::TrainConfig;
+use super::outcome::{Event, RankOutcome};
+use super::run::{train_as_process, train_rank};
 use crate::dist::{nccl, Group};
 
 /// Runs `config` on `config.world_size` ranks, rank r on GPU `cuda:r`,
@@ -40,5 +42,5 @@ pub fn train_as_gpu_process(
 ) -> anyhow::Result<RankOutcome> {
     let pg: Group = Arc::new(nccl::bootstrap(over.as_ref(), local_rank)?);
     let config = TrainConfig { device: Device::Cuda(local_rank), ..config.clone() };
-    super::train_as_process(pg, &config, on_event)
+    train_as_process(pg, &config, on_event)
 }

@@ -5,9 +5,10 @@
 //! Run it:      `cargo run --release --example train` (flags: `-- --help`)
 //! Its tests:   `cargo test --test train`
 //!
-//! - this file: the run's settings ([`TrainConfig`]) and their checks, the
-//!   events rank 0 reports, and [`train`], which spawns the ranks;
-//! - `run.rs`: what every rank does, step by step ([`train_rank`]);
+//! - this file: [`train`], which spawns the ranks;
+//! - `config.rs`: the run's settings ([`TrainConfig`]) and their checks;
+//! - `run.rs`: what every rank does, step by step ([`train_rank`]), and one
+//!   rank of a launched job ([`train_as_process`]);
 //! - `adamw.rs`: AdamW with its state in named tensors, so it can be saved;
 //! - `run_optimizer.rs`: that AdamW, or with `--zero 1` the library's sharded one (ZeRO-1);
 //! - `checkpoint/`: the checkpoint file, how it is read and how it is written
@@ -17,13 +18,12 @@
 //! - `agreement.rs`: the last check, that every rank ended in the same state;
 //! - `phases.rs`: where the steps spend their time.
 
-use std::path::PathBuf;
-
 use crate::dist::{spawn, SpawnError};
 
 mod adamw;
 mod agreement;
 pub mod checkpoint;
+mod config;
 #[cfg(feature = "nccl")]
 mod gpu;
 mod outcome;
@@ -36,224 +36,12 @@ pub use crate::ddp::AdamWUpdate; // the AdamW arithmetic, in the library for its
 pub use adamw::AdamW;
 pub use agreement::{check_replicas_agree, ReplicasDiffer};
 pub use checkpoint::{Checkpoint, CheckpointError, LoopPosition, SaveStep, Setting};
+pub use config::{default_threads_per_rank, ConfigError, TrainConfig};
 #[cfg(feature = "nccl")]
 pub use gpu::{train_as_gpu_process, train_on_gpus};
 pub use outcome::{Evaluation, Event, RankOutcome};
 pub use phases::StepPhases;
-pub use run::{evaluate, lr_at, train_rank};
-
-// ANCHOR: config
-/// Everything that defines a training run. `TrainConfig::default()` is the
-/// run of `cargo run --release --example train`.
-#[derive(Clone, Debug)]
-pub struct TrainConfig {
-    /// Ranks (threads of this process, in-process backend).
-    pub world_size: usize,
-    /// Sequences per rank per micro-batch.
-    pub batch_size: usize,
-    /// Micro-batches per optimizer step: global batch = batch_size x accum_steps x world_size.
-    pub accum_steps: usize,
-    /// Bucket cap in MiB (PyTorch's `bucket_cap_mb`); the first bucket gets
-    /// at most 1 MiB, as in PyTorch.
-    pub bucket_cap_mb: f64,
-    /// Optimizer steps of the whole run.
-    pub steps: usize,
-    /// Seeds the model, the data and the sampler's shuffles.
-    pub seed: u64,
-    /// Peak learning rate, reached after `warmup_steps`, then cosine decay to a tenth.
-    pub lr: f64,
-    pub warmup_steps: usize,
-    /// AdamW's decoupled weight decay.
-    pub weight_decay: f64,
-    /// Sequences in the training set (an epoch), and in the held-out set.
-    pub train_sequences: usize,
-    pub eval_sequences: usize,
-    /// Rank 0 logs the global batch's loss and accuracy every this many steps.
-    pub log_every: usize,
-    /// Where rank 0 writes checkpoints; `None`: no checkpoints.
-    pub checkpoint: Option<PathBuf>,
-    /// Write one every this many steps (and always at the end, or where
-    /// `stop_after` stops the run); 0: only at the end.
-    pub checkpoint_every: usize,
-    /// Continue from the checkpoint file instead of starting afresh.
-    pub resume: bool,
-    /// Stop after this step as if the run had been interrupted (to try `resume`).
-    pub stop_after: Option<usize>,
-    /// libtorch's intra-op threads for each rank; `None` leaves libtorch's default.
-    pub threads_per_rank: Option<usize>,
-    /// This rank's device: the CPU, or a GPU (`Device::Cuda(i)`: with the
-    /// NCCL backend each rank gets its own, rank r on `cuda:r`).
-    pub device: tch::Device,
-    /// Send the gradients as bfloat16, half the bytes (chapter 12's
-    /// `ddp::bf16_compress_hook`); `false`: in their own dtype.
-    pub bf16_gradients: bool,
-    /// ZeRO stage: 0, plain DDP (every rank keeps all of AdamW's state); 1,
-    /// AdamW sharded over the ranks (`ddp::ShardedAdamW`, chapter 11): each
-    /// keeps 1/world_size of the moments, and the gradients are
-    /// reduce-scattered by the optimizer instead of all-reduced by the wrapper.
-    pub zero_stage: usize,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            world_size: 2,
-            batch_size: 16,
-            accum_steps: 2,
-            bucket_cap_mb: 25.0,
-            steps: 600,
-            seed: 1337,
-            lr: 3e-3,
-            warmup_steps: 50,
-            weight_decay: 0.0,
-            train_sequences: 20_000,
-            eval_sequences: 2_000,
-            log_every: 50,
-            checkpoint: None,
-            checkpoint_every: 0,
-            resume: false,
-            stop_after: None,
-            threads_per_rank: Some(default_threads_per_rank(2)),
-            device: tch::Device::Cpu,
-            bf16_gradients: false,
-            zero_stage: 0,
-        }
-    }
-}
-// ANCHOR_END: config
-
-/// The cores of this machine shared out among `world_size` ranks, at least
-/// one each. All ranks share one libtorch, whose thread pool would otherwise
-/// give every rank's ops all the cores, and the ranks would fight over them.
-pub fn default_threads_per_rank(world_size: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / world_size.max(1)).max(1)
-}
-
-/// A setting that cannot make a run. Each message says what to change.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{name} must be at least 1, got 0")]
-    Zero { name: &'static str },
-    #[error("{name} must be a positive, finite number, got {value}")]
-    NotPositive { name: &'static str, value: f64 },
-    #[error("weight_decay must be a finite number >= 0, got {0}")]
-    NegativeDecay(f64),
-    #[error(
-        "{train_sequences} training sequences over {world_size} rank(s) leave each rank {shard}, fewer \
-         than one micro-batch of {batch_size}: use more sequences, fewer ranks or a smaller batch"
-    )]
-    TooLittleData { train_sequences: usize, world_size: usize, shard: usize, batch_size: usize },
-    #[error("{0} needs a checkpoint file: add --checkpoint PATH")]
-    NoCheckpointPath(&'static str),
-    #[error("stop_after ({stop_after}) must lie between 1 and steps ({steps}) - 1 to interrupt the run")]
-    StopAfter { stop_after: usize, steps: usize },
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    #[error("{0}")]
-    Timeout(String),
-    #[error(
-        "ZeRO stage {0} is not built: use --zero 0 (plain DDP) or --zero 1 (AdamW sharded over the ranks)"
-    )]
-    ZeroStage(usize),
-    #[error(
-        "--zero 1 and --grad-dtype bf16 do not go together: bf16 is a hook on the wrapper's all-reduce, \
-         and under ZeRO-1 the optimizer reduce-scatters the gradients instead; drop one of the two"
-    )]
-    ZeroWithBf16,
-}
-
-impl TrainConfig {
-    /// Sequences per optimizer step over all ranks.
-    pub fn global_batch(&self) -> usize {
-        self.batch_size * self.accum_steps * self.world_size
-    }
-
-    /// Checks every setting, and on `resume` the checkpoint file (it exists,
-    /// is intact, and was written with these settings).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        for (name, value) in [
-            ("world_size", self.world_size),
-            ("batch_size", self.batch_size),
-            ("accum_steps", self.accum_steps),
-            ("steps", self.steps),
-            ("log_every", self.log_every),
-            ("eval_sequences", self.eval_sequences),
-        ] {
-            if value == 0 {
-                return Err(ConfigError::Zero { name });
-            }
-        }
-        // A bad DDP_TIMEOUT_SECS is refused now, not after the set-up.
-        crate::dist::timeout_from_env().map_err(ConfigError::Timeout)?;
-        if self.threads_per_rank == Some(0) {
-            return Err(ConfigError::Zero { name: "threads_per_rank" });
-        }
-        for (name, value) in [("lr", self.lr), ("bucket_cap_mb", self.bucket_cap_mb)] {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(ConfigError::NotPositive { name, value });
-            }
-        }
-        match (self.zero_stage, self.bf16_gradients) {
-            (0 | 1, false) | (0, true) => {}
-            (1, true) => return Err(ConfigError::ZeroWithBf16),
-            (stage, _) => return Err(ConfigError::ZeroStage(stage)),
-        }
-        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(ConfigError::NegativeDecay(self.weight_decay));
-        }
-        // The sampler pads every shard to ceil(n / world_size) sequences.
-        let shard = self.train_sequences.div_ceil(self.world_size);
-        if self.train_sequences == 0 || shard < self.batch_size {
-            let (train_sequences, world_size, batch_size) =
-                (self.train_sequences, self.world_size, self.batch_size);
-            return Err(ConfigError::TooLittleData { train_sequences, world_size, shard, batch_size });
-        }
-        if let Some(stop_after) = self.stop_after {
-            if stop_after == 0 || stop_after >= self.steps {
-                return Err(ConfigError::StopAfter { stop_after, steps: self.steps });
-            }
-        }
-        match &self.checkpoint {
-            None if self.resume => Err(ConfigError::NoCheckpointPath("--resume")),
-            None if self.checkpoint_every > 0 => Err(ConfigError::NoCheckpointPath("--checkpoint-every")),
-            Some(path) => {
-                if self.resume {
-                    resume::load_for_resume(path, self)?;
-                }
-                // Found now, not after the whole run has trained.
-                checkpoint::check_writable(path)?;
-                Ok(())
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// The settings that fix the run's numbers, to the last bit. A checkpoint
-    /// stores them and a resume must match them all; the others (bucket cap,
-    /// log and checkpoint intervals, stop_after) change nothing but speed and
-    /// output: a gradient is summed the same way whatever bucket carries it,
-    /// and whether AdamW is sharded (`zero_stage`: the same operations on
-    /// every element, `cargo test --test train_zero`), so a ZeRO-1
-    /// checkpoint resumes a plain run and the other way round.
-    pub fn settings(&self) -> Vec<(String, Setting)> {
-        let int = |name: &str, v: usize| (name.to_string(), Setting::Int(v as i64));
-        let float = |name: &str, v: f64| (name.to_string(), Setting::Float(v));
-        vec![
-            int("world_size", self.world_size),
-            int("batch_size", self.batch_size),
-            int("accum_steps", self.accum_steps),
-            int("steps", self.steps),
-            ("seed".to_string(), Setting::Int(self.seed as i64)),
-            float("lr", self.lr),
-            int("warmup_steps", self.warmup_steps),
-            float("weight_decay", self.weight_decay),
-            int("train_sequences", self.train_sequences),
-            // libtorch splits sums over its threads: another count rounds differently.
-            int("threads_per_rank", self.threads_per_rank.unwrap_or(0)),
-        ]
-    }
-}
+pub use run::{evaluate, lr_at, train_as_process, train_rank};
 
 // ANCHOR: train
 /// Runs `config` on `config.world_size` in-process ranks and returns every
@@ -264,21 +52,6 @@ pub fn train(config: &TrainConfig, on_event: &(dyn Fn(Event) + Sync)) -> anyhow:
     Ok(outcomes)
 }
 // ANCHOR_END: train
-
-/// One rank's run as a process of a launched job (the MPI backend): the
-/// world size is the group's, whatever `config` says. Returns this rank's
-/// outcome; rank 0 alone reports events and writes checkpoints.
-pub fn train_as_process(
-    pg: crate::dist::Group,
-    config: &TrainConfig,
-    on_event: &(dyn Fn(Event) + Sync),
-) -> anyhow::Result<RankOutcome> {
-    let config = TrainConfig { world_size: pg.world_size(), ..config.clone() };
-    // The checkpoint file is rank 0's: the others may run on machines that
-    // cannot see it. Every rank returns rank 0's verdict on it.
-    resume::validate_as_process(pg.as_ref(), &config)?;
-    train_rank(pg, &config, on_event)
-}
 
 /// A spawn failure as an error whose first line is the first rank's cause.
 /// Running out of memory gets its own advice: what to lower.

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::{StepPhases, TrainConfig};
+use super::config::TrainConfig;
+use super::phases::StepPhases;
 use crate::ddp::Named;
 
 /// What rank 0 reports while it trains; the other ranks report nothing.

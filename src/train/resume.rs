@@ -10,8 +10,8 @@ use std::path::Path;
 use anyhow::anyhow;
 use tch::{Kind, Tensor};
 
-use super::checkpoint::{self, Checkpoint, CheckpointError};
-use super::TrainConfig;
+use super::checkpoint::{self, Checkpoint};
+use super::config::TrainConfig;
 use crate::dist::ProcessGroup;
 
 // ANCHOR: from_rank0
@@ -58,7 +58,7 @@ pub(super) fn load_on_rank0(
     let mut read_here = None;
     let bytes = from_rank0(pg, || {
         let (saved, bytes) = checkpoint::read(path).map_err(|e| e.to_string())?;
-        check_fits(&saved, path, config).map_err(|e| e.to_string())?;
+        config.fits(&saved, path).map_err(|e| e.to_string())?;
         read_here = Some(saved);
         Ok(bytes)
     })?;
@@ -66,29 +66,6 @@ pub(super) fn load_on_rank0(
         Some(saved) => Ok(saved),
         None => Ok(checkpoint::from_bytes(path, &bytes)?),
     }
-}
-
-/// Reads the checkpoint to resume from and checks that it fits this run
-/// ([`TrainConfig::validate`] does, before any rank starts).
-pub(super) fn load_for_resume(path: &Path, config: &TrainConfig) -> Result<Checkpoint, CheckpointError> {
-    let saved = checkpoint::load(path)?;
-    check_fits(&saved, path, config)?;
-    Ok(saved)
-}
-
-/// Whether a checkpoint fits this run: written with the same settings, and
-/// not past the run's end.
-fn check_fits(saved: &Checkpoint, path: &Path, config: &TrainConfig) -> Result<(), CheckpointError> {
-    saved.check_settings(path, &config.settings())?;
-    if saved.progress.step as usize > config.steps {
-        let detail = format!("it is at step {}, past this run's {} steps", saved.progress.step, config.steps);
-        return Err(CheckpointError::Invalid { path: path.to_path_buf(), detail });
-    }
-    if let Some(stop_after) = config.stop_after.filter(|&s| s as i64 <= saved.progress.step) {
-        let detail = format!("it is at step {}, already past --stop-after {stop_after}", saved.progress.step);
-        return Err(CheckpointError::Invalid { path: path.to_path_buf(), detail });
-    }
-    Ok(())
 }
 
 /// [`TrainConfig::validate`] for a rank of a launched job: the settings on

@@ -10,9 +10,11 @@ use tch::{Kind, Tensor};
 
 use super::agreement::check_replicas_agree;
 use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition};
+use super::config::TrainConfig;
+use super::outcome::{Evaluation, Event, RankOutcome};
 use super::phases::{Phase, PhaseClock};
+use super::resume::validate_as_process;
 use super::run_optimizer::RunOptimizer;
-use super::{Evaluation, Event, RankOutcome, TrainConfig};
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
 use crate::ddp::Named;
@@ -79,6 +81,21 @@ fn on_device(
     device: tch::Device,
 ) -> (Tensor, Tensor, Tensor) {
     (inputs.to_device(device), targets.to_device(device), mask.to_device(device))
+}
+
+/// One rank's run as a process of a launched job (the MPI backend): the
+/// world size is the group's, whatever `config` says. Returns this rank's
+/// outcome; rank 0 alone reports events and writes checkpoints.
+pub fn train_as_process(
+    pg: crate::dist::Group,
+    config: &TrainConfig,
+    on_event: &(dyn Fn(Event) + Sync),
+) -> anyhow::Result<RankOutcome> {
+    let config = TrainConfig { world_size: pg.world_size(), ..config.clone() };
+    // The checkpoint file is rank 0's: the others may run on machines that
+    // cannot see it. Every rank returns rank 0's verdict on it.
+    validate_as_process(pg.as_ref(), &config)?;
+    train_rank(pg, &config, on_event)
 }
 
 // ANCHOR: train_rank

@@ -7,7 +7,7 @@
 use tch::TchError;
 
 use super::adamw::AdamW;
-use super::TrainConfig;
+use super::config::TrainConfig;
 use crate::ddp::{BucketCaps, Named, ShardedAdamW, SimpleDistributedDataParallelism, StepOptimizer};
 use crate::dist::DistError;
 use crate::models::Gpt;

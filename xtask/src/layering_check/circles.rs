@@ -80,10 +80,6 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("src/dist/mpi/shm.rs", "src/dist/mpi/shm/chain.rs"),
     ("src/dist/mpi/shm.rs", "src/dist/mpi/shm/regions.rs"),
     ("src/dist/nccl/group.rs", "src/dist/nccl/p2p.rs"),
-    ("src/train/mod.rs", "src/train/gpu.rs"),
-    ("src/train/mod.rs", "src/train/outcome.rs"),
-    ("src/train/mod.rs", "src/train/resume.rs"),
-    ("src/train/mod.rs", "src/train/run.rs"),
     ("xtask/src/tool_checks.rs", "xtask/src/tool_checks/browser.rs"),
     ("xtask/src/tool_checks.rs", "xtask/src/tool_checks/training.rs"),
 ];
