@@ -17,6 +17,8 @@
 #              saves the README's screenshots to docs/screenshots/
 #   files      every repository path the docs, scripts and code mention
 #              exists, and nothing points at files outside the repository
+#   history    every commit's subject since the rule began fits 72
+#              characters (xtask/src/history_check.rs)
 #   layering   the imports of src/ and examples/ keep the layers of
 #              docs/architecture.md: no chapter in the library, the training
 #              run or the examples; no chapter in another chapter; and no

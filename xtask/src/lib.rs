@@ -13,6 +13,7 @@ pub mod cli; // `cargo xtask`'s command line (clap): `test` and its checks, `wai
 pub mod figures_check; // `figures`: the book's figures are what examples/figures.rs draws
 pub mod files_check; // `files`: every repository path the text mentions exists
 pub mod gpu; // is there a GPU? then the GPU tests run, else they are skipped with their reason
+pub mod history_check; // `history`: commit subjects fit 72 characters
 pub mod layering_check; // `layering`: the library never imports a chapter, and the layers go one way
 pub mod layout; // which modules are chapters, and the Rust files under a folder
 pub mod libtest_json; // libtest's --format json events, counted per test

@@ -6,8 +6,8 @@
 
 use crate::report::Report;
 use crate::{
-    figures_check, files_check, layering_check, stubs_check, teeth_check, test_checks, tool_checks, workbook,
-    Context,
+    figures_check, files_check, history_check, layering_check, stubs_check, teeth_check, test_checks,
+    tool_checks, workbook, Context,
 };
 
 /// One check of the suite: its name (on the command line and in the
@@ -52,6 +52,12 @@ pub static CHECKS: &[Check] = &[
         what: "every repository path the docs and code mention exists; nothing points outside the repository",
         needs_libtorch: false,
         run: files_check::files,
+    },
+    Check {
+        name: "history",
+        what: "every commit's subject line since the rule began fits 72 characters",
+        needs_libtorch: false,
+        run: history_check::history,
     },
     Check {
         name: "layering",
