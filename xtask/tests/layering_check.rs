@@ -3,20 +3,15 @@
 //! each (it must name the file, the line and the module).
 //! Run: cargo test -p xtask --test layering_check
 
+mod common;
+
 use std::path::PathBuf;
 
 use xtask::layering_check::{check_layering, module_path, named_modules, violations_in};
 
 /// A repository holding `files` (path from the root, text).
 fn repo(name: &str, files: &[(&str, &str)]) -> PathBuf {
-    let root = std::env::temp_dir().join(format!("xtask-layering-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    for (path, text) in files {
-        let file = path.split('/').fold(root.clone(), |folder, part| folder.join(part));
-        std::fs::create_dir_all(file.parent().expect("a folder")).expect("a temporary folder");
-        std::fs::write(&file, text).expect("written");
-    }
-    root
+    common::repo(&format!("layering-{name}"), files)
 }
 
 /// The violations of a made-up tree whose other files all keep the layers.

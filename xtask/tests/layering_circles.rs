@@ -3,20 +3,15 @@
 //! crates, each with one circle planted, or one arrangement that only looks
 //! like a circle. Run: cargo test -p xtask --test layering_circles
 
+mod common;
+
 use std::path::PathBuf;
 
 use xtask::layering_check::circles::{import_circles, import_circles_under, CirclesOutcome, KNOWN};
 
 /// A repository holding `files` (path from the root, text).
 fn repo(name: &str, files: &[(&str, &str)]) -> PathBuf {
-    let root = std::env::temp_dir().join(format!("xtask-circles-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    for (path, text) in files {
-        let file = path.split('/').fold(root.clone(), |folder, part| folder.join(part));
-        std::fs::create_dir_all(file.parent().expect("a folder")).expect("a temporary folder");
-        std::fs::write(&file, text).expect("written");
-    }
-    root
+    common::repo(&format!("circles-{name}"), files)
 }
 
 /// The check on a made-up repository, with `known` set apart.
