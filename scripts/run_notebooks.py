@@ -6,6 +6,7 @@
     .venv/bin/python scripts/run_notebooks.py notebooks/02-replicas.ipynb
     .venv/bin/python scripts/run_notebooks.py --check-clean   # committed form only
     .venv/bin/python scripts/run_notebooks.py --strip NOTEBOOK...  # drop outputs
+    .venv/bin/python scripts/run_notebooks.py --table docs/notebooks.md  # run, then write the times
 
 Running: each notebook is executed top to bottom in a fresh
 "Rust (ddp-workbook)" kernel (scripts/setup_notebooks.sh registers it) whose
@@ -18,6 +19,12 @@ leaves the cell green, and must not leave the notebook green. --jobs N
 (default 2) runs N notebooks at once, each in its own kernel and build
 folder: a kernel spends most of its time in one thread (evcxr's type
 inference, rustc on a small cell), so two share 2 cores well.
+
+--table FILE: after the run, writes FILE, a Markdown table of each
+notebook's code cells, wall time, first code cell (the `:dep` build) and
+result, with the whole run's time and CPU, the machine, the date, the load
+average before and after, and the command: the times the docs state come
+from there (docs/notebooks.md).
 
 --check-clean: committed notebooks carry no outputs and no execution counts
 (clean diffs: the runner makes the outputs), use the ddp-workbook kernel,
@@ -32,8 +39,12 @@ non-zero when anything failed. Tested by scripts/test_run_notebooks.py.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import re
 import resource
+import shlex
 import sys
 import threading
 import time
@@ -187,6 +198,96 @@ def report_run(outcome: Outcome) -> None:
         print("\n".join(lines), flush=True)
 
 
+# ------------------------------------------------------------------ table
+
+
+def load_averages() -> str:
+    """The 1, 5 and 15-minute load averages, space-separated."""
+    try:
+        return " ".join(f"{load:.2f}" for load in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def machine_line() -> str:
+    """Cores, CPU model and kernel, as the benchmarks' tables write them."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores ({model}), {platform.system()} {platform.release()}"
+
+
+def code_cell_count(path: Path) -> int | str:
+    """The notebook's code cells, counted in the file (a failed run stops early)."""
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError):
+        return "?"
+    return sum(cell.get("cell_type") == "code" for cell in cells)
+
+
+def write_table(
+    path: Path,
+    outcomes: list[Outcome],
+    *,
+    command: str,
+    kernel: str,
+    jobs: int,
+    started_utc: str,
+    load_before: str,
+    load_after: str,
+    wall: float,
+    cpu: float,
+) -> None:
+    """FILE for --table: a row per notebook, then how it was measured."""
+    rows = [
+        "| notebook | code cells | wall time | first code cell (the `:dep` build) | result |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for outcome in outcomes:
+        first = f"{outcome.cell_seconds[0][1]:.1f} s" if outcome.cell_seconds else "-"
+        result = "fail" if outcome.problems else "ok"
+        rows.append(
+            f"| `{outcome.path.name}` | {code_cell_count(outcome.path)} | {outcome.seconds:.1f} s | {first} | {result} |"
+        )
+    at_once = "one at a time" if jobs == 1 else f"{jobs} at a time, so that others ran beside each"
+    caption = [
+        f"- each notebook top to bottom in a fresh {kernel!r} kernel, {at_once}; its wall time runs from its"
+        " kernel's start to the end of its last cell",
+        f"- the whole run, {len(outcomes)} notebooks: {wall:.1f} s; {cpu:.1f} s of CPU in the kernels and what"
+        f" they ran ({cpu / wall if wall else 0:.2f} cores busy)",
+        f"- machine: {machine_line()}; {started_utc}",
+        f"- load average (1, 5, 15 min) before: {load_before}; after: {load_after}",
+        f"- command: `{command}`",
+    ]
+    text = (
+        f"<!-- Written by `{command}`; run it again to refresh, do not edit by hand. -->\n\n"
+        + "\n".join(rows)
+        + "\n\n"
+        + "\n".join(caption)
+        + "\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def command_line(argv: list[str]) -> str:
+    """This run as one would type it again from the repository root."""
+
+    def from_root(name: str) -> str:
+        try:
+            return str(Path(name).absolute().relative_to(REPO_ROOT))
+        except ValueError:
+            return name
+
+    return shlex.join([from_root(sys.executable), from_root(__file__), *argv])
+
+
 # ------------------------------------------------------------------- main
 
 
@@ -204,7 +305,12 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=DEFAULT_JOBS, help=f"notebooks run at once, each in its own kernel (default {DEFAULT_JOBS})"
     )
     parser.add_argument("--save-executed", type=Path, metavar="DIR", help="write the executed notebooks there")
+    parser.add_argument(
+        "--table", type=Path, metavar="FILE", help="after the run, write each notebook's time to FILE (Markdown)"
+    )
     args = parser.parse_args(argv)
+    if args.table and (args.check_clean or args.strip):
+        parser.error("--table writes the times of a run; --check-clean and --strip run nothing")
 
     notebooks = args.notebooks or default_notebooks()
     missing = [p for p in notebooks if not p.is_file()]
@@ -236,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         jobs = max(1, min(args.jobs, len(notebooks)))
         print(f"running {len(notebooks)} notebook(s) in kernel {args.kernel!r}, {jobs} at a time", flush=True)
+        load_before = load_averages()
+        started_utc = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         total_start = time.monotonic()
+        outcomes = []
 
         def run_and_report(path: Path) -> Outcome:
             outcome = run_notebook(path, args.kernel, args.timeout, args.save_executed)
@@ -246,12 +355,27 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             for outcome in pool.map(run_and_report, notebooks):
                 passed, failed = passed + (not outcome.problems), failed + bool(outcome.problems)
+                outcomes.append(outcome)
         # CPU time of the kernels and of all they ran (cargo, rustc): over the
         # wall time, how many cores the run kept busy (why --jobs 2 pays).
         wall = time.monotonic() - total_start
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = children.ru_utime + children.ru_stime
         print(f"all notebooks: {wall:.1f} s; {cpu:.1f} s of CPU in the kernels and what they ran ({cpu / wall:.2f} cores)")
+        if args.table:
+            write_table(
+                args.table,
+                outcomes,
+                command=command_line(sys.argv[1:] if argv is None else argv),
+                kernel=args.kernel,
+                jobs=jobs,
+                started_utc=started_utc,
+                load_before=load_before,
+                load_after=load_averages(),
+                wall=wall,
+                cpu=cpu,
+            )
+            print(f"wrote {args.table}")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -13,6 +13,8 @@ installed (scripts/setup.sh installs it):
   without that file, still fail it through the `panicked at` on stderr;
 - thread_panic.ipynb: a panic that the cell catches; only stderr shows it;
 - passes.ipynb: nothing fails; the runner must pass it.
+That run also writes --table; TableTest checks the table's form without a
+kernel, by calling the runner's write_table on made-up outcomes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ import unittest
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+import run_notebooks  # noqa: E402  (after the path it is found on)
+
 RUNNER = SCRIPTS / "run_notebooks.py"
 TESTDATA = SCRIPTS / "testdata"
 EVCXR_TOML = SCRIPTS.parent / "notebooks" / "evcxr.toml"
@@ -147,6 +152,67 @@ class CheckCleanTest(unittest.TestCase):
         self.assertEqual(last_line(output), "0 passed, 1 failed")
 
 
+TABLE_HEADER = "| notebook | code cells | wall time | first code cell (the `:dep` build) | result |"
+
+
+class TableTest(unittest.TestCase):
+    """--table's file: its columns, a row per notebook, how it was measured."""
+
+    def setUp(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="run_notebooks_test_"))
+        self.addCleanup(shutil.rmtree, self.folder)
+
+    def test_the_table_has_a_row_per_notebook_under_the_expected_columns(self):
+        notebooks = []
+        for name in ("00-first.ipynb", "01-second.ipynb"):
+            path = self.folder / name
+            path.write_text(json.dumps(clean_notebook()), encoding="utf-8")
+            notebooks.append(path)
+        ok = run_notebooks.Outcome(notebooks[0], seconds=12.34, cell_seconds=[(2, 4.56), (3, 0.7)])
+        failed = run_notebooks.Outcome(notebooks[1], seconds=3.0, problems=["cell 3 failed"], cell_seconds=[(2, 2.5)])
+        table = self.folder / "out" / "notebooks.md"
+        run_notebooks.write_table(
+            table,
+            [ok, failed],
+            command=".venv/bin/python scripts/run_notebooks.py --table docs/notebooks.md",
+            kernel="ddp-workbook",
+            jobs=2,
+            started_utc="2026-01-01 00:00 UTC",
+            load_before="1.00 2.00 3.00",
+            load_after="1.50 2.00 3.00",
+            wall=15.0,
+            cpu=21.0,
+        )
+        lines = table.read_text(encoding="utf-8").splitlines()
+        self.assertTrue(lines[0].startswith("<!-- Written by `.venv/bin/python scripts/run_notebooks.py --table"), lines[0])
+        start = lines.index(TABLE_HEADER)
+        self.assertEqual(lines[start + 1], "| --- | ---: | ---: | ---: | --- |")
+        # The code cells are counted in the file (2), not among the cells that ran.
+        self.assertEqual(lines[start + 2], "| `00-first.ipynb` | 2 | 12.3 s | 4.6 s | ok |")
+        self.assertEqual(lines[start + 3], "| `01-second.ipynb` | 2 | 3.0 s | 2.5 s | fail |")
+        caption = "\n".join(lines[start + 4 :])
+        for expected in (
+            "2 at a time",
+            "the whole run, 2 notebooks: 15.0 s; 21.0 s of CPU",
+            "(1.40 cores busy)",
+            "- machine: ",
+            " cores (",
+            "; 2026-01-01 00:00 UTC",
+            "load average (1, 5, 15 min) before: 1.00 2.00 3.00; after: 1.50 2.00 3.00",
+            "- command: `.venv/bin/python scripts/run_notebooks.py --table docs/notebooks.md`",
+        ):
+            self.assertIn(expected, caption)
+
+    def test_table_with_check_clean_or_strip_is_refused(self):
+        path = self.folder / "00-clean.ipynb"
+        path.write_text(json.dumps(clean_notebook()), encoding="utf-8")
+        for mode in ("--check-clean", "--strip"):
+            status, output = run_runner(mode, "--table", str(self.folder / "t.md"), str(path))
+            self.assertEqual(status, 2, output)
+            self.assertIn("--table writes the times of a run", output)
+        self.assertFalse((self.folder / "t.md").exists())
+
+
 @unittest.skipIf(kernel_missing(), kernel_missing())
 class RunTest(unittest.TestCase):
     """Runs the fixtures in the real kernel."""
@@ -161,9 +227,12 @@ class RunTest(unittest.TestCase):
         shutil.copy(EVCXR_TOML, cls.folder / "evcxr.toml")
         # No evcxr.toml from the user's own config folder either.
         cls.env = dict(os.environ, EVCXR_CONFIG_DIR=str(cls.folder / "no-user-config"))
+        cls.table = cls.folder / "times.md"
         cls.status, cls.output = run_runner(
             "--save-executed",
             str(cls.saved),
+            "--table",
+            str(cls.table),
             *(str(cls.folder / f) for f in ("planted_panic.ipynb", "thread_panic.ipynb", "passes.ipynb")),
             env=cls.env,
         )
@@ -205,6 +274,14 @@ class RunTest(unittest.TestCase):
     def test_a_notebook_without_failures_passes(self):
         report = self.report_of("passes.ipynb")
         self.assertTrue(report.startswith("ok"), report)
+
+    def test_the_table_names_each_notebook_and_its_result_in_the_order_given(self):
+        lines = self.table.read_text(encoding="utf-8").splitlines()
+        start = lines.index(TABLE_HEADER)
+        rows = [line.split(" | ") for line in lines[start + 2 : start + 5]]
+        self.assertEqual([row[0] for row in rows], ["| `planted_panic.ipynb`", "| `thread_panic.ipynb`", "| `passes.ipynb`"])
+        self.assertEqual([row[-1] for row in rows], ["fail |", "fail |", "ok |"])
+        self.assertIn("the whole run, 3 notebooks: ", "\n".join(lines))
 
     def test_without_evcxr_toml_a_panic_still_fails_the_notebook_through_stderr(self):
         bare = self.folder / "bare"
