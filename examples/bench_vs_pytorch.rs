@@ -22,7 +22,6 @@
 
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ddp_workbook::data::TokenTask;
@@ -34,6 +33,8 @@ mod all_reduce;
 mod commands;
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/table_file.rs"]
+mod table_file;
 #[path = "support/vs_pytorch_tables.rs"]
 mod tables;
 use all_reduce::{all_reduce_rows, ALL_REDUCE_ROUNDS};
@@ -212,8 +213,7 @@ fn main() -> anyhow::Result<()> {
         args.rounds > 0 && args.steps > 0 && args.warmup_steps > 0,
         "--rounds, --steps and --warmup-steps must be at least 1"
     );
-    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let started = Instant::now();
+    let mut run = table_file::Run::start();
     let mut rates: Vec<Vec<Rate>> = vec![vec![]; NAMES.len()];
     for round in 1..=args.rounds {
         let mut line = vec![];
@@ -226,24 +226,16 @@ fn main() -> anyhow::Result<()> {
     }
     let columns: Vec<Column> = NAMES.iter().zip(&rates).map(|(name, rates)| Column { name, rates }).collect();
     let training = tables::training_tables(&columns, &RATIOS, &COSTS);
-    let load_trained = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    run.note_load("after the training runs");
     let all_reduce = all_reduce_rows()?;
-    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let took = Duration::from_secs(started.elapsed().as_secs());
     let setup = format!(
         "16 sequences per rank per micro-batch, 2 micro-batches per step, {} timed steps after {} untimed \
          ones per run, {} alternating rounds; one libtorch thread per rank",
         args.steps, args.warmup_steps, args.rounds
     );
-    let load = |s: &str| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-    let machine = format!(
-        "- machine: {}\n- load average (1, 5, 15 min) before: {}; after the training runs: {}; after: {}\n\
-         - the whole command took {took:?}\n",
-        tables::machine_line(),
-        load(&load_before),
-        load(&load_trained),
-        load(&load_after)
-    );
+    // One caption for both tables: the all_reduce table has no settings of its own.
+    let command = table_file::command_line(COMMAND);
+    let machine = run.caption(&[], &command);
     let training = format!("{training}\n- {setup}\n{machine}");
     let all_reduce = format!(
         "One all_reduce (sum, f32, 2 ranks), median of {ALL_REDUCE_ROUNDS} after 5 untimed, rank 0, after a \
@@ -254,7 +246,7 @@ fn main() -> anyhow::Result<()> {
         ("chapters/tables/vs-pytorch.md", &training),
         ("chapters/tables/vs-pytorch-all-reduce.md", &all_reduce),
     ] {
-        println!("wrote {}", tables::write_table(path, COMMAND, body)?.display());
+        println!("wrote {}", table_file::write_table(path, &command, body)?.display());
     }
     Ok(())
 }

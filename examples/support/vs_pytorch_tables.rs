@@ -1,8 +1,8 @@
 //! The tables of
 //! examples/bench_vs_pytorch.rs, from the rates it measured: tokens per
 //! second of each contender, the ratios per round, and the cost of
-//! distribution of each side; and the file they are written to, with the
-//! machine, its load, the date and the command. Included by bench_vs_pytorch.rs:
+//! distribution of each side (support/table_file.rs writes them, with the
+//! machine, its load, the date and the command). Included by bench_vs_pytorch.rs:
 //! `cargo run --release --features mpi --example bench_vs_pytorch`.
 
 use std::fmt::Write;
@@ -80,47 +80,4 @@ pub fn all_reduce_table(sizes_mib: &[f64], backends: &[(&str, Vec<f64>)]) -> Str
         let _ = writeln!(out, "| {mib} | {} |", cells.join(" | "));
     }
     out
-}
-
-/// The machine in words: cores, CPU model, kernel, and the date (UTC).
-pub fn machine_line() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|m| m.trim_start_matches([' ', '\t', ':']));
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let date = std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output();
-    let date = date.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
-    let machine =
-        format!("{cores} cores ({}), Linux {}; {date}", model.unwrap_or("unknown CPU"), kernel.trim());
-    format!("{machine}; this process's scheduling: {}", scheduling())
-}
-
-/// How this process is scheduled (inherited by the runs it starts): normal,
-/// or real time (`chrt -r 1 ...`), where the machine's other work waits.
-fn scheduling() -> String {
-    // /proc/self/stat: fields 40 and 41 (1-based) are rt_priority and policy;
-    // the command name (field 2) may hold spaces, so count after its ')'.
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-    match (fields.get(37), fields.get(38)) {
-        (Some(priority), Some(&"1")) => format!("real time, SCHED_FIFO priority {priority}"),
-        (Some(priority), Some(&"2")) => {
-            format!("real time, SCHED_RR priority {priority} (chrt -r {priority})")
-        }
-        (_, Some(_)) => "normal (other work on the machine shares the cores)".into(),
-        _ => "unknown".into(),
-    }
-}
-
-/// Writes `body` to `path` (relative to the repository) under a comment that
-/// names the command, and returns the path written.
-pub fn write_table(path: &str, command: &str, body: &str) -> anyhow::Result<std::path::PathBuf> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
-    let text = format!("<!-- Written by `{command}`; run it again to refresh. -->\n\n{body}");
-    std::fs::write(&path, text).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-    Ok(path)
 }
