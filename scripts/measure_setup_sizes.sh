@@ -10,12 +10,14 @@
 # the CUDA libraries and Triton that pip installs with it), pip's cache (and
 # the torch wheel in it, if pip kept one), mdBook's and evcxr_jupyter's
 # binaries, rust-src, the rendered book, the notebook kernel's build folders
-# (its prebuilt seed and one per kernel that ran), and the apt packages
-# set-up installs (read from scripts/setup.sh), each on its own, then what
-# apt installed with them. Sizes are in MiB and GiB (2^20 and 2^30 bytes).
-# With --markdown FILE the table goes to FILE (replaced: it is a snapshot of
-# this machine), under a comment naming the command, with the machine, the
-# date, the load average before and after, and the command.
+# (its prebuilt seed, and one per kernel that ever ran beside another), and
+# the apt packages set-up installs (read from scripts/setup.sh), each on its
+# own, then what apt installed with them. The build folders are not set-up's
+# (kernels make them as they run) but are counted: a learner's machine has
+# them after the first notebooks. Sizes are in MiB and GiB (2^20 and 2^30
+# bytes). With --markdown FILE the table goes to FILE (replaced: it is a
+# snapshot of this machine), under a comment naming the command, with the
+# machine, the date, the load average before and after, and the command.
 
 set -euo pipefail
 
@@ -224,7 +226,7 @@ for r in "${ROWS[@]}"; do
     [[ "$kind" == part ]] && what="&nbsp;&nbsp;of it, $what"
     table+=$'\n'"| $what | $where | $shown_size |"
 done
-table+=$'\n'"| **set-up in all** (the rows above, less those marked \"of it\" or not counted) | | **$(human "$total")** |"
+table+=$'\n'"| **in all** (the rows above, less those marked \"of it\" or not counted) | | **$(human "$total")** |"
 
 machine="$(nproc) cores ($(sed -n -E 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), Linux $(uname -r)"
 caption="- sizes on disk: du -sk for folders and files, dpkg-query's Installed-Size for apt packages; MiB and GiB are 2^20 and 2^30 bytes
@@ -234,7 +236,7 @@ caption="- sizes on disk: du -sk for folders and files, dpkg-query's Installed-S
 
 printf '%s\n\n%s\n' "$table" "$caption"
 if [[ -n "$markdown" ]]; then
-    printf '<!-- Written by `%s`; run it again to refresh, do not edit by hand. -->\n\nWhat scripts/setup.sh put on this machine and the disk it takes.\n\n%s\n\n%s\n' \
+    printf '<!-- Written by `%s`; run it again to refresh, do not edit by hand. -->\n\nWhat scripts/setup.sh put on this machine, with the build folders the notebooks'"'"' kernels made since, and the disk each takes.\n\n%s\n\n%s\n' \
         "$COMMAND" "$table" "$caption" >"$markdown"
     echo "wrote $markdown"
 fi
