@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench_torch_adamw.py: one torch.optim.AdamW step on parameters of
+"""One torch.optim.AdamW step on parameters of
 the given shapes, in its three implementations (default, foreach, fused), on
 one CPU thread. examples/bench_optimizer.rs runs it with the tiny GPT's
 shapes, so that PyTorch's rows stand next to ours in one table:

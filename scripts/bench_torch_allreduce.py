@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench_torch_allreduce.py: how long PyTorch's gloo all_reduce
+"""How long PyTorch's gloo all_reduce
 takes on this machine, for the workbook's comparison of backends: 2
 processes, a float32 tensor of each size given (MiB), one SUM all_reduce per
 round after a barrier, timed on rank 0; the median over the rounds.

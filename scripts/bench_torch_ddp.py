@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench_torch_ddp.py: the workbook's training run written with
+"""The workbook's training run written with
 PyTorch's own DistributedDataParallel, for a head-to-head on equal work:
 the same tiny GPT (src/models/gpt.rs: 2 blocks, 4 heads, width 64, 104,192
 parameters; its PyTorch twin, scripts/torch/models.py), the same sorting task

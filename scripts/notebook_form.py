@@ -1,4 +1,4 @@
-"""scripts/notebook_form.py: the form a committed notebook must have, for
+"""The form a committed notebook must have, for
 scripts/run_notebooks.py: no outputs, no execution counts or timings (clean
 diffs: the runner makes the outputs), the ddp-workbook kernel, a markdown
 cell first, and the crate by its relative path in the first code cell.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/notebook_kernel.py: the notebook kernel's prebuilt crate, and how
+"""The notebook kernel's prebuilt crate, and how
 long a learner waits for a notebook's first output.
 
     .venv/bin/python scripts/notebook_kernel.py prebuild [--force]

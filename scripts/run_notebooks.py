@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/run_notebooks.py: runs the notebooks in notebooks/ as CI does.
+"""Runs the notebooks in notebooks/ as CI does.
 
     .venv/bin/python scripts/run_notebooks.py                 # run every notebook, 2 at a time
     .venv/bin/python scripts/run_notebooks.py --jobs 1        # one at a time

@@ -9,7 +9,8 @@
 #   2. checks Python 3 (3.10 or newer, with the venv module);
 #   3. creates the project's own virtual environment, .venv/;
 #   4. installs PyTorch 2.11.0 into it (the wheel carries libtorch, CUDA and
-#      NCCL: about 2.7 GB to download, 4.6 GB on disk), and safetensors and
+#      NCCL: about 2.7 GB to download; docs/setup-sizes.md has its size on
+#      disk), and safetensors and
 #      numpy, with which the tests save PyTorch state_dicts;
 #   5. writes .cargo/libtorch.toml (git-ignored), which tells cargo where this
 #      machine's libtorch is, so that plain `cargo build` just works;
@@ -157,7 +158,7 @@ step_torch() {
         say "torch $have is installed, but this project needs $TORCH_VERSION: replacing it"
     fi
     say "installing torch==$TORCH_VERSION into .venv"
-    say "(about 2.7 GB to download with its CUDA libraries, 4.6 GB on disk; a few minutes on a fast link)"
+    say "(about 2.7 GB to download with its CUDA libraries, about 5 GB on disk; a few minutes on a fast link)"
     "$VENV_PYTHON" -m pip install --no-input "$(pip_progress_flag)" "torch==$TORCH_VERSION" safetensors==0.8.0 numpy==2.4.6 ||
         fail "pip could not install torch==$TORCH_VERSION (see pip's message above)." \
              "Check the network and free disk space (about 10 GB during the install), then run scripts/setup.sh again."

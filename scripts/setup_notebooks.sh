@@ -219,7 +219,7 @@ if [[ -n "\${DDP_WORKBOOK_EVCXR_PREBUILD:-}" ]]; then
     exec $(printf '%q' "$CARGO_BIN/evcxr_jupyter") --control_file "\$1"
 fi
 # A build folder not yet made with this stamp starts as a copy of the seed
-# (about 400 MB, a second or two) when the seed carries the stamp; the
+# (430 MiB in docs/setup-sizes.md, a second or two) when the seed carries the stamp; the
 # shared lock keeps a prebuild from rewriting the seed while it is copied.
 seed_into() {
     local dir="\$1"
@@ -276,7 +276,7 @@ EOF
 }
 
 # Before each checkout had a cache folder of its own, all shared
-# ~/.cache/ddp-workbook/evcxr/{seed,build-N}; remove those (about 450 MB
+# ~/.cache/ddp-workbook/evcxr/{seed,build-N}; remove those (about 500 MiB
 # each) unless a running kernel holds one (its lock is taken).
 remove_shared_cache_folders() {
     local root="${XDG_CACHE_HOME:-$HOME/.cache}/ddp-workbook/evcxr" dir
@@ -290,7 +290,7 @@ remove_shared_cache_folders() {
 }
 
 # The cache folders of checkouts that are gone (their `checkout` file names
-# a folder without this script: a deleted CI clone, say), about 1 GB each,
+# a folder without this script: a deleted CI clone, say), about 1.5 GiB each,
 # unless a kernel still holds one of their locks.
 remove_folders_of_gone_checkouts() {
     local root="${XDG_CACHE_HOME:-$HOME/.cache}/ddp-workbook/evcxr" dir lock held

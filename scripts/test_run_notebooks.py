@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/test_run_notebooks.py: tests of the notebook runner, scripts/run_notebooks.py.
+"""Tests of the notebook runner, scripts/run_notebooks.py.
 
     .venv/bin/python scripts/test_run_notebooks.py
 

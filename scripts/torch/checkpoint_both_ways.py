@@ -1,4 +1,4 @@
-"""scripts/torch/checkpoint_both_ways.py: the PyTorch side of
+"""The PyTorch side of
 tests/torch_checkpoint.rs, checkpoints both ways between the workbook and
 PyTorch, through safetensors files:
 

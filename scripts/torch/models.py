@@ -1,4 +1,4 @@
-"""scripts/torch/models.py: the workbook's models written in PyTorch, its
+"""The workbook's models written in PyTorch, its
 "twins": the MLP of src/models/mlp.rs and the tiny GPT of src/models/gpt.rs,
 with exactly the workbook's parameter and buffer names, in the same
 registration order (a Linear's bias before its weight, as tch makes them),

@@ -1,4 +1,4 @@
-"""scripts/torch/oracle.py: PyTorch's own DistributedDataParallel as the
+"""PyTorch's own DistributedDataParallel as the
 numerical oracle of the workbook. The workbook writes the stages to run
 (stages.json), each stage's initial weights and each rank's batches
 (safetensors); this script trains the PyTorch twins (models.py) on them

@@ -1,4 +1,4 @@
-"""scripts/torch/safetensors_io.py: read and write safetensors files with
+"""Read and write safetensors files with
 torch alone, for the PyTorch side of the workbook (scripts/torch/). The
 project's .venv has torch but neither the `safetensors` package nor numpy,
 and the format is small: 8 bytes (little-endian u64) giving the length of a

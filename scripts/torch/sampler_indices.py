@@ -1,4 +1,4 @@
-"""scripts/torch/sampler_indices.py: the indices PyTorch's DistributedSampler
+"""The indices PyTorch's DistributedSampler
 hands every rank, for many data set lengths, world sizes, drop_last, seeds and
 epochs, printed as one JSON object on stdout. tests/torch_sampler.rs runs it
 once and checks that the workbook's DistributedSampler hands out the same.

@@ -1,4 +1,4 @@
-"""scripts/torch/teardown.py: how the PyTorch scripts the tests run
+"""How the PyTorch scripts the tests run
 (scripts/torch/oracle.py and the chapter twins in scripts/torch/twins/)
 end their processes. Not run by itself; they import it.
 

@@ -1,4 +1,4 @@
-"""scripts/torch/twins/ch03_averaging.py: chapter 3's PyTorch twin: the
+"""Chapter 3's PyTorch twin: the
 gradient averaged by hand with all_reduce after backward, no DDP wrapper.
 Checks that after every step the replicas are bitwise equal and within
 1e-12 of one process training on the global batch.

@@ -1,4 +1,4 @@
-"""scripts/torch/twins/ch04_accumulation.py: chapter 4's PyTorch twin:
+"""Chapter 4's PyTorch twin:
 DistributedDataParallel with gradient accumulation, the first micro-batches
 under `no_sync()`, the last one synced. Checks that inside `no_sync` the
 ranks' gradients still differ (nothing was sent), and that after every step

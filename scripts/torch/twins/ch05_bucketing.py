@@ -1,4 +1,4 @@
-"""scripts/torch/twins/ch05_bucketing.py: chapter 5's PyTorch twin:
+"""Chapter 5's PyTorch twin:
 DistributedDataParallel's gradient buckets, with the default cap (25 MB)
 and with a cap of 1 KB (`bucket_cap_mb=0.001`), which splits the MLP's 369
 float64 gradients (2952 bytes) over several buckets. Checks that both give

@@ -1,4 +1,4 @@
-"""scripts/torch/twins/ch06_overlap.py: chapter 6's PyTorch twin: DDP
+"""Chapter 6's PyTorch twin: DDP
 starts each bucket's all-reduce while backward is still computing the
 gradients of earlier layers. A communication hook (`register_comm_hook`)
 that records when it is called, around PyTorch's own all-reduce hook,

@@ -1,4 +1,4 @@
-"""scripts/torch/twins/ch07_sharding.py: chapter 7's PyTorch twin:
+"""Chapter 7's PyTorch twin:
 DistributedSampler and set_epoch feed a DataLoader on every rank, and DDP
 trains on the shards. Checks that each epoch's shards are equal in length,
 together cover the data set (23 examples, padded to 24), and change from

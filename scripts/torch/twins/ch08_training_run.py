@@ -1,4 +1,4 @@
-"""scripts/torch/twins/ch08_training_run.py: chapter 8's PyTorch twin: the
+"""Chapter 8's PyTorch twin: the
 whole training loop. DDP, a DistributedSampler with set_epoch, gradient
 accumulation under no_sync, rank 0 alone saving `model.module.state_dict()`
 (the plain model's weights, without DDP's `module.` prefix), a barrier, and

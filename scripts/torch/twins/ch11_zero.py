@@ -1,4 +1,4 @@
-"""scripts/torch/twins/ch11_zero.py: chapter 11's PyTorch twin:
+"""Chapter 11's PyTorch twin:
 `ZeroRedundancyOptimizer` wrapping AdamW under DistributedDataParallel. It
 shards the optimizer state by whole parameters (each rank gets a set of
 tensors, balanced by size), not by slices of flat buckets; DDP still

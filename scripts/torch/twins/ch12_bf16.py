@@ -1,4 +1,4 @@
-"""scripts/torch/twins/ch12_bf16.py: chapter 12's PyTorch twin: DDP with
+"""Chapter 12's PyTorch twin: DDP with
 PyTorch's own `bf16_compress_hook`, which casts each bucket to bfloat16,
 divides it by the world size in bf16, all-reduces it and copies the result
 back into the float32 bucket. Checks, in every step, that every averaged

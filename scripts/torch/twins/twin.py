@@ -1,4 +1,4 @@
-"""scripts/torch/twins/twin.py: what the chapter twins share, so that each
+"""What the chapter twins share, so that each
 chapter's script (chNN_*.py, next to this file) shows only PyTorch's DDP
 lines and its checks: the workbook's MLP (scripts/torch/models.py) seeded
 alike on every rank, the data, the one-process reference on the global
