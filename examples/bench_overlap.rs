@@ -11,12 +11,17 @@
 //! keeping gradients as views saves. `--timeline` adds one overlapped step
 //! as it happened on each rank, without and with the link: forward,
 //! backward, each bucket's launch and completion, the wait after backward
-//! (printed as a table, and with `--timeline-data FILE` written to a file,
-//! which chapter 6's figure draws: `cargo run --example figures`).
+//! (printed as a table, with the α–β model's bound on what overlap can hide
+//! on these buckets; with `--timeline-data FILE` written to a file, which
+//! chapter 6's figure draws: `cargo run --example figures`). `--table FILE`
+//! and `--timeline-table FILE` write the two tables with the machine, its
+//! load and the command (support/table_file.rs), for chapter 6 to include.
 //!
 //! Run: cargo run --release --example bench_overlap
 //!      cargo run --release --example bench_overlap -- --steps 40 --latency-us 200 --gbit 1 --timeline
-//!      cargo run --release --example bench_overlap -- --timeline --timeline-data chapters/figures/data/overlap_timeline.tsv
+//!      cargo run --release --example bench_overlap -- --steps 100 --table chapters/tables/overlap.md \
+//!          --timeline --timeline-table chapters/tables/overlap-timeline.md \
+//!          --timeline-data chapters/figures/data/overlap_timeline.tsv
 
 use std::time::{Duration, Instant};
 
@@ -36,11 +41,13 @@ mod machine;
 mod median;
 #[path = "support/overlap_timeline.rs"]
 mod overlap_timeline;
+#[path = "support/table_file.rs"]
+mod table_file;
 #[path = "support/timed_group.rs"]
 mod timed_group;
 use machine::load_average;
 use median::median;
-use overlap_timeline::{record_timeline, timeline_data, timeline_table};
+use overlap_timeline::{alpha_beta_bound, record_timeline, timeline_data, timeline_table};
 
 #[derive(Parser)]
 #[command(
@@ -72,6 +79,15 @@ struct Args {
     /// With --timeline: also write that step's timeline to this tab-separated file.
     #[arg(long, requires = "timeline")]
     timeline_data: Option<std::path::PathBuf>,
+    /// Also write the table of step times, the share hidden and the views'
+    /// saving to this Markdown file (relative to the repository), with the
+    /// machine, its load and this command.
+    #[arg(long)]
+    table: Option<String>,
+    /// With --timeline: also write rank 0's recorded step with the link, and
+    /// the α–β bound, to this Markdown file, the same way.
+    #[arg(long, requires = "timeline")]
+    timeline_table: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -172,12 +188,22 @@ fn gradient_bytes() -> usize {
     named_parameters(&vs).iter().map(|(_, p)| p.numel() * p.kind().elt_size_in_bytes()).sum()
 }
 
+/// The bytes of the end-of-backward check's all-reduce on 2 ranks: an i32
+/// flag per parameter for "unused here" and "used here", and one per rank
+/// (`end_of_backward_check` in src/ddp/reducer/mod.rs).
+fn check_bytes(args: &Args) -> usize {
+    let (_, _, params, _) = tiny_gpt(args);
+    (2 * params.len() + 2) * std::mem::size_of::<i32>()
+}
+
 /// The timeline's warm-up steps, then the steps it picks the fastest of.
 const TIMELINE_STEPS: (usize, usize) = (5, 100);
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
+
+const CARGO: &str = "cargo run --release --example bench_overlap";
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -186,17 +212,19 @@ fn main() -> anyhow::Result<()> {
         "--steps, --rounds, --gbit and --bucket-kib must be positive"
     );
     let link = SimulatedLink::new(Duration::from_secs_f64(args.latency_us * 1e-6), args.gbit);
+    let run = table_file::Run::start();
     let load_before = load_average();
-    println!(
-        "tiny GPT, 2 in-process ranks, 16 sequences per rank, buckets of {} KiB, median of {} steps ({} rounds of {})\n",
+    let settings = format!(
+        "tiny GPT, 2 in-process ranks, 16 sequences per rank, buckets of {} KiB, median of {} steps ({} rounds of {})",
         args.bucket_kib,
         args.steps * args.rounds,
         args.rounds,
         args.steps
     );
-    println!(
+    println!("{settings}\n");
+    let mut table = format!(
         "| sync | step, no link | step, link ({0} µs, {1} Gbit/s) | after backward, no link | after backward, link |\n\
-         | --- | ---: | ---: | ---: | ---: |",
+         | --- | ---: | ---: | ---: | ---: |\n",
         args.latency_us, args.gbit
     );
     const SYNCS: [Sync; 4] = [Sync::Naive, Sync::Bucketed, Sync::Overlapped, Sync::OverlappedCopying];
@@ -214,7 +242,7 @@ fn main() -> anyhow::Result<()> {
     let mut rows = vec![];
     for (sync, [[plain, plain_after], [linked, linked_after]]) in SYNCS.iter().zip(samples) {
         let row = (median(plain), median(linked), median(plain_after), median(linked_after));
-        println!("| {sync:?} | {} | {} | {} | {} |", ms(row.0), ms(row.1), ms(row.2), ms(row.3));
+        table += &format!("| {sync:?} | {} | {} | {} | {} |\n", ms(row.0), ms(row.1), ms(row.2), ms(row.3));
         rows.push(row);
     }
     // What the link adds after backward, against the same sync without it:
@@ -234,35 +262,50 @@ fn main() -> anyhow::Result<()> {
          time can be read from them: run again on a quieter machine, or with more --steps and --rounds"
             .to_string()
     };
-    println!(
-        "\nAfter backward, the link adds {} to the bucketed sync and {} to the overlapped one: {verdict}.",
+    table += &format!(
+        "\nAfter backward, the link adds {} to the bucketed sync and {} to the overlapped one: {verdict}.\n",
         ms(communication),
         ms(exposed),
     );
     // Views: the buckets are the gradients. Copies: gradients and buckets.
     let gradient_bytes = gradient_bytes();
     let saved = rows[3].2.as_secs_f64() - rows[2].2.as_secs_f64();
-    println!(
-        "Gradients as bucket views hold {:.0} KiB of gradients in the buckets themselves, where \
+    table += &format!(
+        "\nGradients as bucket views hold {:.0} KiB of gradients in the buckets themselves, where \
          copying holds them twice ({:.0} KiB); the copies back after backward cost {:.2} ms per \
-         step here (no link; the copies in happen during backward).",
+         step here (no link; the copies in happen during backward).\n",
         gradient_bytes as f64 / 1024.0,
         2.0 * gradient_bytes as f64 / 1024.0,
         saved * 1e3
     );
+    println!("{table}");
+    let command = table_file::command_line(CARGO);
+    if let Some(path) = &args.table {
+        let body = format!("{table}\n{}", run.caption(&[settings], &command));
+        println!("wrote {}", table_file::write_table(path, &command, &body)?.display());
+    }
     if args.timeline {
         let model = || tiny_gpt(&args);
         let plain = record_timeline(None, TIMELINE_STEPS, &model, batch_of)?;
         let linked = record_timeline(Some(link), TIMELINE_STEPS, &model, batch_of)?;
-        println!("\n{}", timeline_table(&linked[0], "with the link"));
+        let timeline = format!(
+            "{}\n{}\n",
+            timeline_table(&linked[0], "with the link"),
+            alpha_beta_bound(&linked[0], link, check_bytes(&args))
+        );
+        println!("\n{timeline}");
         let load_after = load_average();
         println!("load average before: {load_before}, after: {load_after}");
-        if let Some(path) = &args.timeline_data {
-            let command = format!(
-                "cargo run --release --example bench_overlap -- --steps {} --rounds {} --bucket-kib {} \
-                 --latency-us {} --gbit {} --timeline",
-                args.steps, args.rounds, args.bucket_kib, args.latency_us, args.gbit
+        if let Some(path) = &args.timeline_table {
+            let settings = format!(
+                "the tiny GPT on 2 in-process ranks, 16 sequences per rank, buckets of {} KiB, link {} µs \
+                 and {} Gbit/s; the fastest of {} overlapped steps after {} untimed ones",
+                args.bucket_kib, args.latency_us, args.gbit, TIMELINE_STEPS.1, TIMELINE_STEPS.0
             );
+            let body = format!("{timeline}\n{}", run.caption(&[settings], &command));
+            println!("wrote {}", table_file::write_table(path, &command, &body)?.display());
+        }
+        if let Some(path) = &args.timeline_data {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let about = format!(
                 "# command\t{command}\n# cores\t{cores}\n# load_before\t{load_before}\n# load_after\t{load_after}\n\

@@ -140,6 +140,30 @@ pub fn timeline_table(rank: &RankTimeline, which: &str) -> String {
     table
 }
 
+/// What the α–β model of `link` says overlap can hide on `rank`'s buckets,
+/// in words: the buckets' all-reduces on 2 ranks, and the tail that no
+/// computation is left to hide (the last bucket to leave, which backward
+/// fills last, and the end-of-backward check of `check_bytes`).
+pub fn alpha_beta_bound(rank: &RankTimeline, link: SimulatedLink, check_bytes: usize) -> String {
+    let time = |bytes: usize| link.all_reduce_time(bytes as u64, 2).as_secs_f64() * 1e6;
+    let all: f64 = rank.buckets.iter().map(|b| time(b.bytes)).sum::<f64>() + time(check_bytes);
+    let bytes: usize = rank.buckets.iter().map(|b| b.bytes).sum();
+    let Some(last) = rank.buckets.iter().max_by_key(|b| b.launched) else {
+        return "No bucket left in the recorded step.".into();
+    };
+    let tail = time(last.bytes) + time(check_bytes);
+    format!(
+        "The α–β model of the link: the {} buckets' all-reduces ({bytes} bytes) and the end-of-backward \
+         check ({check_bytes} bytes) take {all:.0} µs; the last bucket to leave (bucket {}, {} bytes) and \
+         the check take {tail:.0} µs of it, with no computation left to hide behind: overlap can hide at \
+         most {:.0}% of the communication.",
+        rank.buckets.len(),
+        last.bucket,
+        last.bytes,
+        100.0 * (1.0 - tail / all)
+    )
+}
+
 /// Both recorded steps (`[without link, with link]`) as the rows of a
 /// tab-separated data file, after `about` (its `# key<tab>value` lines):
 /// per rank its forward, backward and wait, and each bucket from launch to
