@@ -9,6 +9,9 @@
 //!
 //! Run: cargo run --release --example bench_bf16
 //!      cargo run --release --example bench_bf16 -- --steps 40 --gbit 0.5
+//!      cargo run --release --example bench_bf16 -- --table chapters/tables/bf16.md
+//! (`--table` writes the table with the machine, its load and the command,
+//! support/table_file.rs, for chapter 12 to include.)
 
 use std::time::Duration;
 
@@ -23,6 +26,8 @@ use ddp_workbook::tch::{self, Kind};
 mod machine;
 #[path = "support/median.rs"]
 mod median;
+#[path = "support/table_file.rs"]
+mod table_file;
 use median::median;
 
 #[derive(Parser)]
@@ -43,6 +48,10 @@ struct Args {
     /// Bucket cap in KiB (the first bucket gets at most a quarter of it).
     #[arg(long, default_value_t = 64)]
     bucket_kib: usize,
+    /// Also write the table, the machine, its load and this command to this
+    /// Markdown file (relative to the repository).
+    #[arg(long)]
+    table: Option<String>,
 }
 
 /// One case's steps: the bytes of one synced step, and each step's wait
@@ -86,6 +95,7 @@ fn main() -> anyhow::Result<()> {
         args.steps > 0 && args.rounds > 0 && args.gbit > 0.0 && args.bucket_kib > 0,
         "--steps, --rounds, --gbit and --bucket-kib must be positive"
     );
+    let run = table_file::Run::start();
     let load_before = machine::load_average();
     let mut cases = [(0, vec![]), (0, vec![])]; // f32, bf16: bytes per step, waits
     for _round in 0..args.rounds {
@@ -95,9 +105,9 @@ fn main() -> anyhow::Result<()> {
             cases[case].1.extend(waits);
         }
     }
-    println!(
+    let settings = format!(
         "tiny GPT, 2 in-process ranks, 16 sequences per rank, buckets of {} KiB, link {} µs and {} Gbit/s, \
-         median of {} steps ({} rounds of {})\n",
+         median of {} steps ({} rounds of {})",
         args.bucket_kib,
         args.latency_us,
         args.gbit,
@@ -105,10 +115,17 @@ fn main() -> anyhow::Result<()> {
         args.rounds,
         args.steps
     );
-    println!("| gradients | bytes per step | wait after backward |\n| --- | ---: | ---: |");
+    let mut table =
+        String::from("| gradients | bytes per step | wait after backward |\n| --- | ---: | ---: |\n");
     for (name, (bytes, waits)) in ["f32", "bf16"].iter().zip(cases) {
-        println!("| {name} | {bytes} | {:.2} ms |", median(waits).as_secs_f64() * 1e3);
+        table += &format!("| {name} | {bytes} | {:.2} ms |\n", median(waits).as_secs_f64() * 1e3);
     }
-    println!("\nload average (1 min): {load_before} before, {} after", machine::load_average());
+    println!("{settings}\n\n{table}");
+    println!("load average (1 min): {load_before} before, {} after", machine::load_average());
+    if let Some(path) = &args.table {
+        let command = table_file::command_line("cargo run --release --example bench_bf16");
+        let body = format!("{table}\n{}", run.caption(&[settings], &command));
+        println!("wrote {}", table_file::write_table(path, &command, &body)?.display());
+    }
     Ok(())
 }

@@ -11,6 +11,9 @@
 //!
 //! Run: cargo run --release --example bench_sync
 //!      cargo run --release --example bench_sync -- --steps 10 --world-sizes 2,4
+//!      cargo run --release --example bench_sync -- --table chapters/tables/sync.md
+//! (`--table` writes the table with the machine, its load and the command,
+//! support/table_file.rs, for chapter 5 to include.)
 //!
 //! Only the sync is timed: each rank runs one backward to create its
 //! gradients, then syncs them over and over (after the first sync they are
@@ -31,6 +34,8 @@ use ddp_workbook::tch::{self, Kind, Tensor};
 
 #[path = "support/machine.rs"]
 mod machine;
+#[path = "support/table_file.rs"]
+mod table_file;
 use machine::load_average;
 
 #[derive(Parser)]
@@ -52,6 +57,10 @@ struct Args {
     /// parallel region whose thread lost its core to another process stalls.
     #[arg(long, default_value_t = 1)]
     intra_op_threads: i32,
+    /// Also write the table, the machine, its load and this command to this
+    /// Markdown file (relative to the repository).
+    #[arg(long)]
+    table: Option<String>,
 }
 
 /// A model to sync: an MLP of f32 layers with these sizes.
@@ -177,17 +186,21 @@ fn main() -> anyhow::Result<()> {
         // 3 layers of 1024 x 1024: 6 tensors, three of 4 MiB, 12 MiB in all.
         Model { name: "few large (MLP, 3 x [1024, 1024])", sizes: vec![1024; 4] },
     ];
+    let run = table_file::Run::start();
     let load_before = load_average();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    println!(
+    let settings = format!(
         "in-process backend, {cores} cores, libtorch intra-op threads: {}, {} warm-up + {} timed steps per case \
-         (each step: the naive sync, then the two bucketed ones), median of the slowest rank's time\n",
+         (each step: the naive sync, then the two bucketed ones), median of the slowest rank's time",
         tch::get_num_threads(),
         args.warmup,
         args.steps
     );
-    println!("| model | ranks | params | tensors | sync | all-reduces / step | bytes / step | ms / step | speed-up |");
-    println!("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
+    println!("{settings}\n");
+    let mut table = String::from(
+        "| model | ranks | params | tensors | sync | all-reduces / step | bytes / step | ms / step | speed-up |\n\
+         | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n",
+    );
     for model in &models {
         for &world_size in &args.world_sizes {
             let measured = measure(model, world_size, &args)?;
@@ -205,7 +218,7 @@ fn main() -> anyhow::Result<()> {
                         (name, format!("{ratio:.1}x"))
                     }
                 };
-                println!(
+                let row = format!(
                     "| {} | {world_size} | {} | {} | {name} | {} | {} | {:.3} | {speed_up} |",
                     model.name,
                     thousands(m.params as u64),
@@ -214,10 +227,18 @@ fn main() -> anyhow::Result<()> {
                     thousands(m.bytes_per_step),
                     m.median.as_secs_f64() * 1e3,
                 );
+                println!("{row}");
+                table += &row;
+                table.push('\n');
             }
         }
     }
     println!("\n1-minute load average before: {load_before}, after: {}", load_average());
+    if let Some(path) = &args.table {
+        let command = table_file::command_line("cargo run --release --example bench_sync");
+        let body = format!("{table}\n{}", run.caption(&[settings], &command));
+        println!("wrote {}", table_file::write_table(path, &command, &body)?.display());
+    }
     Ok(())
 }
 
