@@ -5,7 +5,7 @@
 //!
 //! The naive gradient sync: one all-reduce per parameter, SUM then divide by
 //! the world size. Chapter 3 of the book builds it. The finished wrapper
-//! sends buckets instead (`bucketed.rs`); this one stays as the baseline the
+//! sends buckets instead (the Reducer, `reducer/`); this one stays as the baseline the
 //! benchmark compares against (`cargo run --release --example bench_sync`).
 
 use tch::Tensor;
