@@ -33,6 +33,7 @@ mod machine;
 #[path = "support/table_file.rs"]
 mod table_file;
 use machine::load_average;
+use table_file::{summary, thousands};
 
 #[derive(Parser)]
 #[command(about = "The training run on 1, 2 and 4 ranks at the same global batch")]
@@ -96,26 +97,6 @@ fn run(layout: Layout, steps: usize) -> anyhow::Result<Vec<RankOutcome>> {
 
 fn share(part: Duration, whole: Duration) -> String {
     format!("{:.1}%", 100.0 * part.as_secs_f64() / whole.as_secs_f64())
-}
-
-/// Median, min and max of `values`.
-fn summary(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    (sorted[sorted.len() / 2], sorted[0], sorted[sorted.len() - 1])
-}
-
-/// 61834.2 -> "61,834".
-fn thousands(value: f64) -> String {
-    let digits = format!("{:.0}", value);
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Runs every layout once per round, in turn, printing each run's speed;

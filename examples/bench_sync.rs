@@ -221,10 +221,10 @@ fn main() -> anyhow::Result<()> {
                 let row = format!(
                     "| {} | {world_size} | {} | {} | {name} | {} | {} | {:.3} | {speed_up} |",
                     model.name,
-                    thousands(m.params as u64),
+                    table_file::thousands(m.params as f64),
                     m.tensors,
                     m.all_reduces_per_step,
-                    thousands(m.bytes_per_step),
+                    table_file::thousands(m.bytes_per_step as f64),
                     m.median.as_secs_f64() * 1e3,
                 );
                 println!("{row}");
@@ -240,17 +240,4 @@ fn main() -> anyhow::Result<()> {
         println!("wrote {}", table_file::write_table(path, &command, &body)?.display());
     }
     Ok(())
-}
-
-/// 1234567 -> "1,234,567".
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }

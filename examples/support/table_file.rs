@@ -3,7 +3,8 @@
 //! Markdown table, then a caption list of the settings, the machine (cores,
 //! CPU, kernel), the date, the load average before and after, the command
 //! that wrote it and how long it took. One writer for every benchmark, so
-//! that every table says the same things about how it was measured.
+//! that every table says the same things about how it was measured, and
+//! writes its numbers the same way (median with min and max, thousands).
 //! Included by each benchmark that writes one with
 //! `#[path = "support/table_file.rs"] mod table_file;`.
 
@@ -111,4 +112,28 @@ pub fn write_table(path: &str, command: &str, body: &str) -> anyhow::Result<std:
     let text = format!("<!-- Written by `{command}`; run it again to refresh. -->\n\n{body}");
     std::fs::write(&path, text).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     Ok(path)
+}
+
+/// Median, min and max of `values` (the upper middle for an even count),
+/// how the tables sum up a benchmark's rounds.
+#[allow(dead_code)] // bench_scaling's and bench_vs_pytorch's
+pub fn summary(values: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (sorted[sorted.len() / 2], sorted[0], sorted[sorted.len() - 1])
+}
+
+/// 61834.2 -> "61,834": a whole number with its thousands marked.
+#[allow(dead_code)] // bench_scaling's and bench_sync's
+pub fn thousands(value: f64) -> String {
+    let digits = format!("{value:.0}");
+    let (sign, digits) = digits.split_at(if digits.starts_with('-') { 1 } else { 0 });
+    let mut out = sign.to_string();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

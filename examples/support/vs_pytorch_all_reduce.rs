@@ -41,7 +41,7 @@ pub fn time_all_reduce(pg: &dyn ProcessGroup, mib: f64, shared: bool) -> anyhow:
             times.push(started.elapsed().as_secs_f64());
         }
     }
-    Ok(tables::summary(&times).0)
+    Ok(super::table_file::summary(&times).0)
 }
 
 /// One all_reduce per size on each backend: in-process, MPI (signature check

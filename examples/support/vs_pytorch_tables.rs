@@ -7,19 +7,14 @@
 
 use std::fmt::Write;
 
+use super::table_file::summary;
+
 /// One run of a contender: its tokens per second (all ranks together) and
 /// the time of one optimizer step, both over the timed steps.
 #[derive(Clone, Copy)]
 pub struct Rate {
     pub tokens_per_second: f64,
     pub step_ms: f64,
-}
-
-/// Median, min and max.
-pub fn summary(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    (sorted[sorted.len() / 2], sorted[0], sorted[sorted.len() - 1])
 }
 
 /// A contender's name and its rate in every round.
