@@ -101,9 +101,7 @@ impl AdamW {
                 if grads.iter().all(Tensor::defined) {
                     // Every member has a gradient: one flat update.
                     for (slot, grad) in group.grad_slots.iter_mut().zip(&grads) {
-                        if slot.data_ptr() != grad.data_ptr() {
-                            slot.f_copy_(grad)?; // a gradient not already in its place
-                        }
+                        slot.f_copy_(grad)?; // gathered into this group's own flat buffer
                     }
                     update(&mut group.param, &group.grad, &mut group.exp_avg, &mut group.exp_avg_sq)?;
                     continue;
