@@ -69,6 +69,10 @@
 #              --max-restarts); needs root, and counts each test as skipped,
 #              with the reason, where nodes cannot be made
 #
+# After a whole run, every skip must be one tests/expected_skips.toml allows
+# on this machine (with its reason), and the run must count at least the
+# `tests` it records; otherwise the run fails.
+#
 # Run a part, or leave parts out (arguments go to the runner):
 #   scripts/test.sh --only teeth          (the same as: cargo xtask test --only teeth)
 #   scripts/test.sh --skip train,notebooks

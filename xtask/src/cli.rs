@@ -69,7 +69,9 @@ fn checks_table() -> String {
     }
     text.push_str(
         "\nThe last line is the summary CI reads: N passed, N failed[, N skipped]; a check\n\
-         left out with --only or --skip counts as skipped.\n\
+         left out with --only or --skip counts as skipped. After a whole run, every skip\n\
+         must be one tests/expected_skips.toml allows here, and the run must count at\n\
+         least its `tests`.\n\
          With CI set, hung steps are stopped (30 min for solutions and notebooks, 10 min\n\
          per chapter and for train); without it, a chapter whose exercise.rs you have\n\
          edited is skipped by teeth. Full logs: target/test-logs/.",

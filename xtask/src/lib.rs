@@ -10,6 +10,7 @@
 pub mod book_includes; // `includes`: every {{#include}} of the book resolves
 pub mod cargo_json; // cargo's --message-format=json: test executables, errors
 pub mod cli; // `cargo xtask`'s command line (clap): `test` and its checks, `waits`
+pub mod expected_skips; // tests/expected_skips.toml: the skips a whole run may have, the least test count
 pub mod figures_check; // `figures`: the book's figures are what examples/figures.rs draws
 pub mod files_check; // `files`: every repository path the text mentions exists
 pub mod gpu; // is there a GPU? then the GPU tests run, else they are skipped with their reason

@@ -19,7 +19,7 @@ use clap::{CommandFactory, Parser};
 use xtask::cli::{Cli, Command};
 use xtask::report::{Outcome, Report};
 use xtask::selection::{check_named, select};
-use xtask::Context;
+use xtask::{expected_skips, gpu, Context};
 
 fn main() -> ExitCode {
     // A bad command line: clap says what is wrong (an unknown check: which
@@ -66,11 +66,40 @@ fn main() -> ExitCode {
         }
         (check.run)(&ctx, &mut report);
     }
+    if selection.left_out.is_empty() {
+        judge_skips(&ctx, &mut report);
+    }
     println!("\ncargo xtask test took {}s", started.elapsed().as_secs());
     report.print_summary();
     if report.failed() == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// After a whole run: every skip must be one tests/expected_skips.toml
+/// allows on this machine, and the run must count at least its `tests`.
+fn judge_skips(ctx: &Context, report: &mut Report) {
+    report.section("skips and the test count against tests/expected_skips.toml");
+    let expected = match expected_skips::load(&ctx.root) {
+        Ok(expected) => expected,
+        Err(error) => return report.check("skips", Outcome::Fail, &error),
+    };
+    let machine = expected_skips::Machine { gpu: gpu::find_gpu().is_some(), ci: ctx.ci };
+    let counted = report.counted();
+    let problems = expected_skips::judge(&expected, counted, report.skipped(), report.skips(), machine);
+    for problem in &problems {
+        println!("    {problem}");
+    }
+    if problems.is_empty() {
+        let detail = format!(
+            "{} skips, each allowed; {counted} tests and checks counted (at least {})",
+            report.skipped(),
+            expected.tests
+        );
+        report.check("skips", Outcome::Ok, &detail);
+    } else {
+        report.check("skips", Outcome::Fail, &format!("{} problems (above)", problems.len()));
     }
 }

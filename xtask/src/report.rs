@@ -10,6 +10,8 @@
 
 use std::time::Instant;
 
+use crate::expected_skips::Skipped;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Ok,
@@ -33,6 +35,8 @@ pub struct Report {
     skipped: usize,
     /// Names for the `failed: ...` line above the summary.
     failed_names: Vec<String>,
+    /// Every skip by name, for tests/expected_skips.toml's judgement.
+    skips: Vec<Skipped>,
     section_start: Instant,
 }
 
@@ -44,7 +48,14 @@ impl Default for Report {
 
 impl Report {
     pub fn new() -> Self {
-        Report { passed: 0, failed: 0, skipped: 0, failed_names: Vec::new(), section_start: Instant::now() }
+        Report {
+            passed: 0,
+            failed: 0,
+            skipped: 0,
+            failed_names: Vec::new(),
+            skips: Vec::new(),
+            section_start: Instant::now(),
+        }
     }
 
     /// Starts a section: a `==> title` header; the seconds on the check lines
@@ -62,9 +73,39 @@ impl Report {
                 self.failed += 1;
                 self.failed_names.push(name.to_string());
             }
-            Outcome::Skip => self.skipped += 1,
+            Outcome::Skip => {
+                self.skipped += 1;
+                self.skips.push(Skipped {
+                    target: "check".to_string(),
+                    name: name.to_string(),
+                    reason: detail.to_string(),
+                });
+            }
         }
         self.print_line(outcome.label(), name, detail);
+    }
+
+    /// Names one skipped test of executable `target` (counted with
+    /// `add_counts`), so that the expected-skips list can judge it.
+    pub fn name_skipped_test(&mut self, target: &str, name: &str, reason: &str) {
+        self.skips.push(Skipped {
+            target: target.to_string(),
+            name: name.to_string(),
+            reason: reason.to_string(),
+        });
+    }
+
+    /// Every test and check counted so far: passed, failed and skipped.
+    pub fn counted(&self) -> usize {
+        self.passed + self.failed + self.skipped
+    }
+
+    pub fn skipped(&self) -> usize {
+        self.skipped
+    }
+
+    pub fn skips(&self) -> &[Skipped] {
+        &self.skips
     }
 
     /// Adds counts that come from many items at once (tests, notebooks):

@@ -80,6 +80,9 @@ pub fn solutions(ctx: &Context, report: &mut Report) {
         };
         println!("        {} passed, {} failed, {} ignored", tally.passed, tally.failed, tally.ignored);
         print_ignored(&executable, &tally);
+        for (name, reason) in &tally.ignored_tests {
+            report.name_skipped_test(&executable.target_name, name, reason);
+        }
         print_failures(&executable, &tally, 20, " --features solutions,mpi,nccl");
         (passed, failed, ignored) = (passed + tally.passed, failed + tally.failed, ignored + tally.ignored);
         if finished.timed_out {

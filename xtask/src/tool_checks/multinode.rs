@@ -48,6 +48,7 @@ pub fn multinode(ctx: &Context, report: &mut Report) {
         let tests = list_tests(&executable.path);
         for name in &tests {
             println!("    skipped multinode  {name}: {reason}");
+            report.name_skipped_test("multinode", name, &reason);
         }
         report.add_counts(0, 0, tests.len(), "multinode");
         let detail = format!("{} skipped (counted per test): {reason}", tests.len());
@@ -62,6 +63,9 @@ pub fn multinode(ctx: &Context, report: &mut Report) {
         }
     };
     print_failures(&executable, &tally, 10, " --features solutions,mpi,nccl");
+    for (name, reason) in &tally.ignored_tests {
+        report.name_skipped_test("multinode", name, reason);
+    }
     report.add_counts(tally.passed, tally.failed, tally.ignored, "multinode");
     if finished.timed_out {
         let detail =
