@@ -45,6 +45,10 @@ mod machine;
 mod median;
 #[path = "support/mpi_collectives.rs"]
 mod mpi_collectives;
+// The MPI run's table file (chapters/tables/mpi-all-reduce.md).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+#[path = "support/table_file.rs"]
+mod table_file;
 use in_process_timing::{sweep, time_all_reduce};
 use machine::load_average;
 use median::median;

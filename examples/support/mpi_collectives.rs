@@ -11,6 +11,9 @@
 //! Run: cargo run --release --features mpi --example bench_collectives -- --backend mpi
 //!      cargo run --release --features mpi --example bench_collectives -- --backend mpi \
 //!          --np 2 --sizes-mib 4,25 --rounds 30
+//! The table chapter 9 includes:
+//!      cargo run --release --features mpi --example bench_collectives -- --backend mpi \
+//!          --table chapters/tables/mpi-all-reduce.md
 //!
 //! Included by examples/bench_collectives.rs (`#[path]`); without the `mpi`
 //! feature, `--backend mpi` says how to build it.
@@ -71,6 +74,11 @@ mod with_mpi {
         /// Untimed rounds before them.
         #[arg(long, default_value_t = 5)]
         warmup: usize,
+        /// Also write the table, with its machine, load, date and command, to
+        /// this file (relative to the repository): chapter 9 includes
+        /// chapters/tables/mpi-all-reduce.md.
+        #[arg(long)]
+        table: Option<String>,
     }
 
     pub fn run(rest: &[String]) -> anyhow::Result<()> {
@@ -82,20 +90,22 @@ mod with_mpi {
             dist::mpi::run(|pg| time_on_ranks(pg, &args));
             return Ok(());
         }
-        let load_before = crate::machine::load_average();
+        let run = crate::table_file::Run::start();
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
         let debug = std::env::var("DDP_DEBUG").unwrap_or_else(|_| "unset (signatures on)".into());
-        println!(
-            "MPI all_reduce (sum, f32) on {} processes, {cores} cores, DDP_DEBUG {debug}, {} warm-up + {} timed \
-             rounds, median of the slowest rank; load average before: {load_before}\n",
-            args.np, args.warmup, args.rounds
+        let settings = vec![
+            format!("MPI all_reduce (sum, f32) on {} processes, {cores} cores, DDP_DEBUG {debug}", args.np),
+            format!("{} warm-up + {} timed rounds; the median of the slowest rank", args.warmup, args.rounds),
+        ];
+        let mut body = String::from(
+            "| size | path | all_reduce ms | algbw GB/s | memcpy ms | memcpy GB/s | all_reduce / memcpy bandwidth |\n\
+             | ---: | :--- | ---: | ---: | ---: | ---: | ---: |\n",
         );
-        println!("| size | path | all_reduce ms | algbw GB/s | memcpy ms | memcpy GB/s | all_reduce / memcpy bandwidth |");
-        println!("| ---: | :--- | ---: | ---: | ---: | ---: | ---: |");
         for (path, shm) in [("shared memory", "on"), ("Open MPI (DDP_MPI_SHM=off)", "off")] {
             let exe = std::env::current_exe()?;
             let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/launch.sh");
-            let status = Command::new("bash")
+            // The ranks print their rows; this process gathers them into one table.
+            let output = Command::new("bash")
                 .arg(script)
                 .args(["-np", &args.np.to_string()])
                 .arg(exe)
@@ -103,10 +113,25 @@ mod with_mpi {
                 .args(rest)
                 .env(RANK_MARKER, path)
                 .env("DDP_MPI_SHM", shm)
-                .status()?;
-            anyhow::ensure!(status.success(), "the {path} run under scripts/launch.sh failed: {status}");
+                .stderr(std::process::Stdio::inherit())
+                .output()?;
+            let printed = String::from_utf8_lossy(&output.stdout);
+            anyhow::ensure!(
+                output.status.success(),
+                "the {path} run under scripts/launch.sh failed: {}\n{printed}",
+                output.status
+            );
+            body.extend(
+                printed.lines().filter(|line| line.starts_with("| ")).map(|line| format!("{line}\n")),
+            );
         }
-        println!("\nload average after: {}", crate::machine::load_average());
+        let command =
+            crate::table_file::command_line("cargo run --release --features mpi --example bench_collectives");
+        let text = format!("{body}\n{}", run.caption(&settings, &command));
+        println!("{text}");
+        if let Some(path) = &args.table {
+            println!("wrote {}", crate::table_file::write_table(path, &command, &text)?.display());
+        }
         Ok(())
     }
 
