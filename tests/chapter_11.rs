@@ -9,7 +9,10 @@
 //!   ranks agree on one shard length and padded length, the shards follow
 //!   each other in rank order and cover the buffer, with less than one
 //!   element of padding per rank (empty buffers and more ranks than
-//!   elements included), and the chapter's table by hand;
+//!   elements included), and the chapter's table by hand; and
+//!   `ShardedAdamW::new` taking your shards but refusing, naming the rule
+//!   `offset == rank * len`, a `shard_of` that puts every rank at offset 0
+//!   or the ranks in reverse;
 //! - `chapter_11/step_bucket.rs`: `step_bucket` alone on one bucket built by
 //!   hand on 3 ranks, bitwise against AdamW in one process with the sum
 //!   divided by 3; when it differs, it names the likely cause (no division,
@@ -18,8 +21,9 @@
 //! - `chapter_11/training.rs`: `ShardedAdamW` trained on 2, 3 and 4 ranks
 //!   with buckets that do not divide by the world size, against plain DDP
 //!   with AdamW and one process on the global batch, after every step; the
-//!   moments each rank keeps (1/N of DDP's) and the bytes it hands to
-//!   collectives, measured; a failure quotes `step_bucket.rs`'s diagnosis;
+//!   moments each rank keeps (1/N of DDP's) and the bytes it hands to each
+//!   collective call, counted by a group around the library's; a failure
+//!   quotes `step_bucket.rs`'s diagnosis;
 //! - `chapter_11/checkpoint.rs`: the shards gathered into one checkpoint,
 //!   and runs that resume from it on the same or another world size, or
 //!   with plain AdamW, ending where an uninterrupted run ends;

@@ -9,8 +9,24 @@
 //! element, with as little padding as that allows (fewer zeros than ranks).
 //! Checked on every world size from 1 to 8 and every length from 0 to 50,
 //! more ranks than elements included, then on the chapter's table by hand.
+//! Last, the optimizer's own check: `ShardedAdamW::new` takes your shards,
+//! and refuses, naming `offset == rank * len`, two wrong `shard_of`s made
+//! from yours (every rank at offset 0; the ranks reversed) whose lengths
+//! all agree, so that only the rule on the offset can catch them.
 
 use ddp_workbook::ch11_zero::{learner, Shard};
+use ddp_workbook::ddp::seams::{ZeroSteps, ZeroWithSteps};
+use ddp_workbook::ddp::ShardedAdamW;
+use ddp_workbook::dist::Group;
+use ddp_workbook::models::{named_parameters, Mlp};
+use ddp_workbook::tch::Kind;
+
+use super::training::{BUCKET_NUMELS, CAPS, LR, SIZES, WEIGHT_DECAY};
+use crate::common::run;
+
+/// The rule `ShardedAdamW::new` enforces on every bucket, as its error
+/// words it.
+const OFFSET_RULE: &str = "offset == rank * len";
 
 /// What is wrong with `shards`, every rank's `shard_of(numel, world_size,
 /// rank)` in rank order, if anything.
@@ -86,4 +102,66 @@ fn shards_of_the_chapter_table_worked_by_hand() {
             assert_eq!(got, expected, "shard_of({numel}, {world_size}, {rank}), worked out by hand");
         }
     }
+}
+
+/// Your shard, moved to offset 0 on every rank: the all-gather would then
+/// write rank 0's shard into every slot.
+fn every_rank_at_offset_0(numel: usize, world_size: usize, rank: usize) -> Shard {
+    Shard { offset: 0, ..learner::shard_of(numel, world_size, rank) }
+}
+
+/// Your shards in reverse rank order: the all-gather would permute them.
+fn ranks_reversed(numel: usize, world_size: usize, rank: usize) -> Shard {
+    learner::shard_of(numel, world_size, world_size - 1 - rank)
+}
+
+/// What `ShardedAdamW::new` says on each rank when it runs `shard_of` (and
+/// your `step_bucket`) on the chapter's MLP: `None` where it accepts.
+fn refusals(world_size: usize, shard_of: fn(usize, usize, usize) -> Shard) -> Vec<Option<String>> {
+    run(world_size, |pg: Group| {
+        let (vs, _model) = Mlp::seeded(31, SIZES, Kind::Double);
+        let steps = ZeroSteps { shard_of, step_bucket: learner::step_bucket };
+        let built = ShardedAdamW::with_steps(&named_parameters(&vs), pg, CAPS, LR, WEIGHT_DECAY, steps);
+        Ok(built.err().map(|error| error.to_string()))
+    })
+}
+
+#[test]
+fn the_optimizer_takes_only_the_shard_reduce_scatter_leaves_on_the_rank() {
+    for world_size in [2, 3, 4] {
+        let yours = refusals(world_size, learner::shard_of);
+        for (rank, refusal) in yours.iter().enumerate() {
+            assert!(refusal.is_none(), "ShardedAdamW::new refused your shard_of on rank {rank}: {refusal:?}");
+        }
+        let wrongs: [(&str, fn(usize, usize, usize) -> Shard); 2] =
+            [("every rank at offset 0", every_rank_at_offset_0), ("the ranks reversed", ranks_reversed)];
+        for (what, wrong) in wrongs {
+            for (rank, refusal) in refusals(world_size, wrong).into_iter().enumerate() {
+                // A rank whose wrong shard happens to be its own (rank 0 at
+                // offset 0, the middle rank reversed) is rightly accepted.
+                let misplaced = BUCKET_NUMELS.iter().any(|&numel| {
+                    let len = learner::shard_of(numel, world_size, rank).len;
+                    wrong(numel, world_size, rank).offset != rank * len
+                });
+                match (refusal, misplaced) {
+                    (Some(error), true) => assert!(
+                        error.contains(OFFSET_RULE),
+                        "{what} on {world_size} ranks, rank {rank}: ShardedAdamW::new refused with a \
+                         message that does not name the rule `{OFFSET_RULE}`: {error}"
+                    ),
+                    (Some(error), false) => panic!(
+                        "{what} on {world_size} ranks: ShardedAdamW::new refused rank {rank}'s shard, \
+                         which is at its own offset: {error}"
+                    ),
+                    (None, true) => panic!(
+                        "{what} on {world_size} ranks: ShardedAdamW::new accepted rank {rank}'s shard \
+                         at the wrong offset; it must enforce {OFFSET_RULE}, or the all-gather, which \
+                         puts the shards back in rank order, duplicates or permutes parameters"
+                    ),
+                    (None, false) => {}
+                }
+            }
+        }
+    }
+    println!("ShardedAdamW::new takes your shards and refuses misplaced ones, naming {OFFSET_RULE}");
 }

@@ -33,7 +33,7 @@ pub(super) const WEIGHT_DECAY: f64 = 0.1;
 /// With f64 parameters: buckets of 4, 18 and 25 elements (the last layer's
 /// weight and bias first), in that order.
 pub(super) const CAPS: BucketCaps = BucketCaps { cap_bytes: 256, first_cap_bytes: 64 };
-const BUCKET_NUMELS: [usize; 3] = [4, 18, 25];
+pub(super) const BUCKET_NUMELS: [usize; 3] = [4, 18, 25];
 const F64_BYTES: usize = 8;
 
 /// One rank's record of a run.

@@ -258,7 +258,11 @@ impl StepOptimizer for ShardedAdamW {
 }
 
 /// Fails, saying what is wrong, unless `shard` splits a buffer of `numel`
-/// elements into equal parts, one per rank, that cover it.
+/// elements into equal parts, one per rank, that cover it, and this rank's
+/// part is the one `reduce_scatter` leaves on it: `offset == rank * len`.
+/// Any other offset would pass every local test yet make the all-gather,
+/// which puts the shards back in rank order, duplicate or permute
+/// parameters (every rank at offset 0, or the ranks in reverse).
 fn check_shard(pg: &dyn ProcessGroup, numel: usize, shard: Shard) -> Result<(), DistError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
     let Shard { padded_numel, offset, len } = shard;
@@ -266,8 +270,14 @@ fn check_shard(pg: &dyn ProcessGroup, numel: usize, shard: Shard) -> Result<(), 
         Some(format!("its padded length {padded_numel} is shorter than the {numel} elements it holds"))
     } else if len * world_size != padded_numel {
         Some(format!("{world_size} shards of {len} elements do not make its padded length {padded_numel}"))
-    } else if offset + len > padded_numel || (len > 0 && offset % len != 0) {
-        Some(format!("a shard at offset {offset} is not one of the {world_size} shards of {len} elements"))
+    } else if offset != rank * len {
+        Some(format!(
+            "rank {rank}'s shard starts at offset {offset}, but the rule is offset == rank * len \
+             (= {rank} * {len} = {}): reduce_scatter leaves the rank-th of the {world_size} equal \
+             chunks on rank {rank}, and all_gather puts each rank's shard back there; make \
+             shard_of return offset rank * len",
+            rank * len
+        ))
     } else {
         None
     };
