@@ -10,17 +10,22 @@
 //! not what it computes: after every step it must equal DDP bit for bit (the
 //! same sum, division and AdamW on every element) and one process within
 //! `TOLERANCE` (the order of the additions differs there). When it does not,
-//! the message quotes what `step_bucket.rs`'s one-bucket test finds.
+//! the message quotes what `step_bucket.rs`'s one-bucket test finds. The
+//! bytes each rank hands to collectives are noted call by call by a group
+//! around the library's, and compared with sizes worked out by hand.
+
+use std::sync::{Arc, Mutex};
 
 use ddp_workbook::ch11_zero::{AdamW, BucketCaps, Replicated, ShardedAdamW};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
 use ddp_workbook::ddp;
-use ddp_workbook::dist::{CommStats, Group};
+use ddp_workbook::dist::{CommStats, DistError, Group, ReduceOp, Work};
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::{Kind, Tensor};
 
 use super::step_bucket::likely_cause;
+use crate::common::forwarding::{Forwarding, Intercept};
 use crate::common::{assert_matches_one_process, mse, run, Hints, Named, Step, TOLERANCE};
 
 pub(super) const SIZES: &[i64] = &[4, 5, 3, 1]; // 47 parameters
@@ -42,8 +47,54 @@ pub(super) struct RankRun {
     /// Bytes of AdamW moments this rank holds.
     pub(super) moment_bytes: usize,
     /// What this rank handed to collectives during each step's sync (DDP:
-    /// its backward; ZeRO: its optimizer step).
+    /// its backward; ZeRO: its optimizer step), as the library counts it.
     pub(super) sync_stats: Vec<CommStats>,
+    /// The same sync, call by call, as a group around the library's saw it.
+    pub(super) sync_calls: Vec<Vec<Call>>,
+}
+
+/// One collective call: which one, and the bytes of the tensor this rank
+/// handed to it.
+pub(super) type Call = (&'static str, usize);
+
+/// An intercept that notes every all-reduce, reduce-scatter and all-gather
+/// with its bytes, then makes the call: the bytes of each call, counted
+/// outside the library, where `stats()` only sums them.
+#[derive(Clone, Default)]
+struct CountCalls(Arc<Mutex<Vec<Call>>>);
+
+impl CountCalls {
+    fn note(&self, op: &'static str, tensor: &Tensor) {
+        let bytes = tensor.numel() * tensor.kind().elt_size_in_bytes();
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((op, bytes));
+    }
+
+    /// The calls noted since the last `take`.
+    fn take(&self) -> Vec<Call> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Intercept for CountCalls {
+    fn all_reduce_async(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
+        self.note("all_reduce", tensor);
+        inner.all_reduce_async(tensor, op)
+    }
+    fn reduce_scatter(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        self.note("reduce_scatter", tensor);
+        inner.reduce_scatter(tensor, op)
+    }
+    fn all_gather(&self, inner: &Group, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
+        self.note("all_gather", tensor);
+        inner.all_gather(tensor)
+    }
+}
+
+/// `pg`, with every collective call noted by the returned counter.
+fn counted(pg: &Group) -> (Group, CountCalls) {
+    let calls = CountCalls::default();
+    let group = Forwarding { inner: pg.clone(), name: "counting", intercept: calls.clone() };
+    (Arc::new(group), calls)
 }
 
 fn data() -> Regression {
@@ -72,23 +123,26 @@ pub(super) fn train_zero(world_size: usize) -> Vec<RankRun> {
         let data = data();
         let (vs, module) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
         let model = Replicated::new(module, &vs, pg.clone())?;
-        let mut optimizer = ShardedAdamW::new(model.parameters(), pg.clone(), CAPS, LR, WEIGHT_DECAY)?;
+        let (group, calls) = counted(&pg);
+        let mut optimizer = ShardedAdamW::new(model.parameters(), group, CAPS, LR, WEIGHT_DECAY)?;
         let numels: Vec<usize> = optimizer.buckets().iter().map(|b| b.numel).collect();
         anyhow::ensure!(
             numels == BUCKET_NUMELS,
             "the test expects buckets of {BUCKET_NUMELS:?}, got {numels:?}"
         );
-        let (mut after_each_step, mut sync_stats) = (vec![], vec![]);
+        let (mut after_each_step, mut sync_stats, mut sync_calls) = (vec![], vec![], vec![]);
         for step in 0..STEPS {
             optimizer.zero_grad();
             let (x, y) = rank_batch(&data, world_size, step, pg.rank());
             mse(&model.forward(&x), &y).backward(); // this rank's gradients only
             let before = pg.stats();
+            calls.take();
             optimizer.step()?;
+            sync_calls.push(calls.take());
             sync_stats.push(delta(pg.stats(), &before));
             after_each_step.push(snapshot(model.parameters()));
         }
-        Ok(RankRun { after_each_step, moment_bytes: optimizer.moment_bytes(), sync_stats })
+        Ok(RankRun { after_each_step, moment_bytes: optimizer.moment_bytes(), sync_stats, sync_calls })
     })
 }
 
@@ -97,21 +151,24 @@ pub(super) fn train_ddp(world_size: usize) -> Vec<RankRun> {
     run(world_size, |pg: Group| {
         let data = data();
         let (vs, module) = Mlp::seeded(MODEL_SEED, SIZES, Kind::Double);
-        let model = ddp::SimpleDistributedDataParallelism::with_bucket_caps(module, &vs, pg.clone(), CAPS)?;
+        let (group, calls) = counted(&pg);
+        let model = ddp::SimpleDistributedDataParallelism::with_bucket_caps(module, &vs, group, CAPS)?;
         let mut optimizer = AdamW::new(model.parameters(), LR, WEIGHT_DECAY);
-        let (mut after_each_step, mut sync_stats) = (vec![], vec![]);
+        let (mut after_each_step, mut sync_stats, mut sync_calls) = (vec![], vec![], vec![]);
         for step in 0..STEPS {
             optimizer.zero_grad();
             let (x, y) = rank_batch(&data, world_size, step, pg.rank());
             let before = pg.stats();
+            calls.take();
             model.backward(&mse(&model.forward(&x), &y))?; // all-reduces the gradients
+            sync_calls.push(calls.take());
             sync_stats.push(delta(pg.stats(), &before));
             optimizer.step()?;
             after_each_step.push(snapshot(model.parameters()));
         }
         let moments = optimizer.state().into_iter().filter(|(name, _)| name != "step");
         let moment_bytes = moments.map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum();
-        Ok(RankRun { after_each_step, moment_bytes, sync_stats })
+        Ok(RankRun { after_each_step, moment_bytes, sync_stats, sync_calls })
     })
 }
 
@@ -234,47 +291,73 @@ fn each_rank_keeps_a_world_size_th_of_the_moments() {
     }
 }
 
+/// What a rank sends on a ring for `calls`: (N - 1)/N of what it hands an
+/// all-reduce, twice; (N - 1)/N of a reduce-scatter's input; N - 1 times an
+/// all-gather's.
+fn ring_bytes(calls: &[Call], world_size: usize) -> f64 {
+    let n = world_size as f64;
+    let sent = |&(op, bytes): &Call| match op {
+        "all_reduce" => 2.0 * (n - 1.0) / n * bytes as f64,
+        "reduce_scatter" => (n - 1.0) / n * bytes as f64,
+        _ => (n - 1.0) * bytes as f64,
+    };
+    calls.iter().map(sent).sum()
+}
+
 #[test]
 fn each_rank_hands_collectives_the_bytes_of_ddp_all_reduce_on_the_wire() {
     for world_size in [2, 3, 4] {
         let (zero, ddp_run) = (train_zero(world_size), train_ddp(world_size));
-        let n = world_size as f64;
-        let padded: usize = BUCKET_NUMELS.iter().map(|b| b.div_ceil(world_size) * world_size).sum();
+        // Worked out by hand: bucket b is padded to ceil(b / N) * N elements;
+        // a step reduce-scatters the padded buffer, then all-gathers one
+        // shard of it, bucket by bucket. DDP all-reduces each bucket's
+        // gradients as they are, then a few flags, the library's
+        // end-of-backward check (not part of the sync).
+        let zero_calls: Vec<Call> = BUCKET_NUMELS
+            .iter()
+            .flat_map(|&numel| {
+                let padded = numel.div_ceil(world_size) * world_size;
+                [("reduce_scatter", padded * F64_BYTES), ("all_gather", padded / world_size * F64_BYTES)]
+            })
+            .collect();
+        let ddp_grad_calls: Vec<Call> =
+            BUCKET_NUMELS.iter().map(|&numel| ("all_reduce", numel * F64_BYTES)).collect();
+        let zero_bytes: usize = zero_calls.iter().map(|(_, bytes)| bytes).sum();
+        let buckets = BUCKET_NUMELS.len() as u64;
         for step in 0..STEPS {
-            let (z, d) = (&zero[0].sync_stats[step], &ddp_run[0].sync_stats[step]);
-            let buckets = BUCKET_NUMELS.len() as u64;
-            assert_eq!(
-                (z.all_reduce, z.reduce_scatter, z.all_gather),
-                (0, buckets, buckets),
-                "step {step}: {z:?}"
-            );
-            // DDP: one all-reduce of 47 gradients per bucket, and one more of
-            // flags, the library's end-of-backward check (not part of the sync).
-            assert_eq!(d.all_reduce, buckets + 1, "step {step}: {d:?}");
-            let (ddp_grads, ddp_check) = (47 * F64_BYTES, d.collective_bytes as usize - 47 * F64_BYTES);
-            // Reduce-scatter takes the padded buffer, all-gather one shard of it.
-            let expected = padded * F64_BYTES + padded / world_size * F64_BYTES;
-            assert_eq!(z.collective_bytes as usize, expected, "step {step}: ZeRO-1 handed over other bytes");
-            // On a ring, an all-reduce of B bytes sends 2(N-1)/N B per rank; a
-            // reduce-scatter of P sends (N-1)/N P, an all-gather of P/N sends
-            // (N-1) P/N: together 2(N-1)/N P, DDP's volume for the padded size.
-            let ddp_wire = 2.0 * (n - 1.0) / n * ddp_grads as f64;
-            let zero_wire = 2.0 * (n - 1.0) / n * (z.collective_bytes as f64 / (1.0 + 1.0 / n));
-            let padding_wire = 2.0 * (n - 1.0) / n * ((padded - 47) * F64_BYTES) as f64;
-            assert!(
-                (zero_wire - ddp_wire - padding_wire).abs() < 1e-9,
-                "step {step}: {zero_wire} vs {ddp_wire}"
-            );
-            if step == 0 {
-                println!(
-                    "{world_size} ranks, per rank and step: DDP hands {ddp_grads} B of gradients to all-reduce \
-                     ({ddp_wire:.0} B on a ring; plus {ddp_check} B of its end-of-backward check); ZeRO-1 \
-                     hands {} B to reduce-scatter + all-gather ({zero_wire:.0} B on a ring, {padding_wire:.0} B \
-                     of it padding)",
-                    z.collective_bytes
+            for (rank, run) in zero.iter().enumerate() {
+                let calls = &run.sync_calls[step];
+                assert_eq!(
+                    calls, &zero_calls,
+                    "rank {rank}, step {step}: ZeRO-1's collective calls (op, bytes handed over)"
+                );
+                // The library's own count must agree with the one made around it.
+                let stats = &run.sync_stats[step];
+                assert_eq!(
+                    (stats.all_reduce, stats.reduce_scatter, stats.all_gather, stats.collective_bytes),
+                    (0, buckets, buckets, zero_bytes as u64),
+                    "rank {rank}, step {step}: the process group's stats() disagree with the calls it was handed"
                 );
             }
+            let ddp_calls = &ddp_run[0].sync_calls[step];
+            assert!(
+                ddp_calls.len() == BUCKET_NUMELS.len() + 1
+                    && ddp_calls[..BUCKET_NUMELS.len()] == ddp_grad_calls,
+                "step {step}: DDP's calls {ddp_calls:?}, expected {ddp_grad_calls:?} and its check"
+            );
         }
+        let (z, d) = (&zero[0].sync_calls[0], &ddp_run[0].sync_calls[0]);
+        let ddp_grads: usize = ddp_grad_calls.iter().map(|(_, bytes)| bytes).sum();
+        let ddp_check: usize = d.iter().map(|(_, bytes)| bytes).sum::<usize>() - ddp_grads;
+        let padded_bytes = zero_bytes * world_size / (world_size + 1);
+        let (ddp_wire, zero_wire) = (ring_bytes(&ddp_grad_calls, world_size), ring_bytes(z, world_size));
+        let padding_wire = ring_bytes(&[("all_reduce", padded_bytes - ddp_grads)], world_size);
+        println!(
+            "{world_size} ranks, per rank and step: DDP hands {ddp_grads} B of gradients to all-reduce \
+             ({ddp_wire:.0} B on a ring; plus {ddp_check} B of its end-of-backward check); ZeRO-1 \
+             hands {zero_bytes} B to reduce-scatter + all-gather ({zero_wire:.0} B on a ring, {padding_wire:.0} B \
+             of it padding)"
+        );
     }
 }
 

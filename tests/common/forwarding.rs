@@ -10,7 +10,8 @@
 //! for its receive; `bench_overlap --timeline` notes when each all-reduce
 //! completed (`examples/support/timed_group.rs`); the ring figure reads the
 //! chunks before every step (`examples/figures/ch01_ring.rs`); chapter 11's
-//! `step_bucket.rs` gives `reduce_scatter` NCCL's way of averaging.
+//! `step_bucket.rs` gives `reduce_scatter` NCCL's way of averaging, and its
+//! `training.rs` notes the bytes of every collective call.
 
 use ddp_workbook::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::Tensor;
@@ -24,6 +25,9 @@ pub trait Intercept: Send + Sync {
     }
     fn reduce_scatter(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
         inner.reduce_scatter(tensor, op)
+    }
+    fn all_gather(&self, inner: &Group, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
+        inner.all_gather(tensor)
     }
     fn send(&self, inner: &Group, tensor: &Tensor, dst: usize) -> Result<(), DistError> {
         inner.send(tensor, dst)
@@ -57,7 +61,7 @@ impl<I: Intercept> ProcessGroup for Forwarding<I> {
         self.intercept.all_reduce_async(&self.inner, tensor, op)
     }
     fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
-        self.inner.all_gather(tensor)
+        self.intercept.all_gather(&self.inner, tensor)
     }
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
         self.intercept.reduce_scatter(&self.inner, tensor, op)
