@@ -1,6 +1,7 @@
 //! The NCCL backend. The tests in this file need no GPU
 //! (NCCL's library, its unique id, the errors a machine without a GPU
-//! gives); they run everywhere, CI included. On a machine with GPUs, the two
+//! gives, and the GPU tests' DDP step on CPU ranks); they run everywhere,
+//! CI included. On a machine with GPUs, the two
 //! that check what a machine without one says run in a copy of this binary
 //! that sees no GPU (`CUDA_VISIBLE_DEVICES` empty), so they still check it.
 //!
@@ -18,6 +19,7 @@ use std::process::Command;
 
 use ddp_workbook::dist::nccl::{self, UniqueId};
 use ddp_workbook::dist::{spawn, Group};
+use ddp_workbook::tch::Device;
 
 #[path = "nccl/collectives.rs"]
 mod collectives;
@@ -102,6 +104,20 @@ fn bootstrap_over_a_cpu_group_fails_cleanly_without_a_gpu() {
             assert!(error.contains("joining NCCL"), "{error}");
         }
     });
+}
+
+/// The body of the GPU DDP tests (`one_step.rs`: the finished wrapper's
+/// step, then the replicas against one process on the global batch), on
+/// ranks that are threads of this process with CPU tensors: the same code
+/// as `ddp_on_cuda_matches_one_process_on_the_global_batch` but for the
+/// device and the backend, so that a mistake in it fails here, on every
+/// machine, and not only where a GPU runs it.
+#[test]
+fn the_gpu_tests_ddp_step_on_cpu_ranks_matches_one_process() {
+    for world in [1, 2, 3] {
+        let weights = spawn(world, |pg: Group| one_step::ddp_step_on(pg, Device::Cpu)).unwrap();
+        one_step::assert_replicas_match_one_process(&weights);
+    }
 }
 
 /// The GPU tests take turns: two communicators spinning on the same GPUs

@@ -1,8 +1,9 @@
 //! One DDP step of the MLP on a GPU, and the
 //! reference both GPU DDP tests compare it with: one SGD step of one
-//! process, on the CPU, on the global batch of all ranks. Included by
-//! tests/nccl/training.rs (NCCL, one rank per GPU) and tests/gpu_threads.rs
-//! (rank threads sharing one GPU); run with
+//! process, on the CPU, on the global batch of all ranks. Used by
+//! tests/nccl/training.rs (NCCL, one rank per GPU), tests/gpu_threads.rs
+//! (rank threads sharing one GPU) and, on CPU ranks so that CI runs it on
+//! every machine, tests/nccl.rs; run with
 //!   cargo test --features nccl --test nccl -- --include-ignored
 //!   cargo test --test gpu_threads -- --include-ignored
 
