@@ -55,7 +55,9 @@
 #              which pass; per chapter it prints how many tests reach the
 #              exercise and how many are controls, and any drift fails it
 #              (outside CI, a chapter whose exercise.rs you have edited is
-#              skipped: your solution is meant to pass)
+#              skipped: your solution is meant to pass); and each chapter
+#              has the same tests with --features solutions,mpi,nccl as
+#              without (a test behind a feature would escape the judging)
 #   notebooks  every notebook runs in the Rust kernel, is committed without
 #              outputs, and the notebook runner's own tests pass (a missing
 #              runner, or a run without its summary line, fails)

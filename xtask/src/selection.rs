@@ -97,7 +97,7 @@ pub static CHECKS: &[Check] = &[
     },
     Check {
         name: "teeth",
-        what: "on the untouched stubs, every test of tests/chapter_NN.rs fails naming `exercise chNN:`, except the controls (tests in a `mod controls`), which pass (one check per chapter)",
+        what: "on the untouched stubs, every test of tests/chapter_NN.rs fails naming `exercise chNN:`, except the controls (tests in a `mod controls`), which pass, and each chapter's tests are the same with and without the solutions feature (one check per chapter)",
         needs_libtorch: true,
         run: teeth_check::teeth,
     },

@@ -11,17 +11,107 @@
 //! Anything else is drift, and fails the chapter: a test that passes on the
 //! stubs proves nothing about the learner's code, and one that fails for
 //! another reason would fail for a learner whose code is right.
+//!
+//! Teeth judges the tests of the build without the `solutions` feature; a
+//! test behind `#[cfg(feature = "solutions")]` does not exist there, so it
+//! would never be judged (and one behind `not(feature = ...)` would never
+//! run against the solutions). So the chapter's test list in that build
+//! must equal its list in the solutions run's build, but for the controls
+//! named in [`ONE_BUILD_ONLY`], each with its reason.
 //! Run it: `cargo xtask test --only teeth`. Unit tests: xtask/tests/teeth.rs.
 
 use std::fs::{self, File};
 use std::process::Command;
 
+use crate::cargo_json::{BuildOutcome, TestExecutable};
 use crate::libtest_json::{failure_excerpt, SuiteTally};
 use crate::process::describe_limit;
 use crate::report::{Outcome, Report};
 use crate::test_checks::CHAPTER_LIMIT;
 use crate::test_executables::{self as executables, describe_end, print_errors};
 use crate::Context;
+
+/// The features of the solutions run (the `solutions` check), whose build
+/// of the chapters teeth compares its own with.
+pub const SOLUTIONS_FEATURES: &str = "solutions,mpi,nccl";
+
+/// A chapter test that may exist in one of the two builds only.
+#[derive(Clone, Copy, Debug)]
+pub struct OneBuildOnly {
+    /// The chapter's test target: `chapter_11`.
+    pub chapter: &'static str,
+    /// The test's libtest name: `controls::...` (only a control may be listed).
+    pub test: &'static str,
+    /// Why it cannot exist in both builds.
+    pub reason: &'static str,
+}
+
+/// The chapter tests allowed in one build only. None today: every chapter
+/// test exists with and without the solutions.
+pub const ONE_BUILD_ONLY: &[OneBuildOnly] = &[];
+
+/// The test names in the output of a test executable's `--list --format
+/// terse` (`name: test` lines; benchmarks and anything else are left out).
+pub fn listed_tests(output: &str) -> Vec<String> {
+    let mut names: Vec<String> =
+        output.lines().filter_map(|line| line.strip_suffix(": test")).map(str::to_string).collect();
+    names.sort();
+    names
+}
+
+/// What is wrong with chapter `chapter`'s tests in the two builds: `stubs`
+/// (without the feature, what teeth judges) and `solutions` (what the
+/// solutions run runs), as `--list` names them. A test in one only is
+/// wrong unless `allowed` lists it for this chapter, as a control, with a
+/// reason; a listed test that is in both builds, or in neither, is a stale
+/// entry.
+pub fn compare_builds(
+    chapter: &str,
+    stubs: &[String],
+    solutions: &[String],
+    allowed: &[OneBuildOnly],
+) -> Vec<String> {
+    let listed: Vec<&OneBuildOnly> = allowed.iter().filter(|entry| entry.chapter == chapter).collect();
+    let is_listed = |name: &str| listed.iter().any(|entry| entry.test == name);
+    let mut problems = vec![];
+    for name in solutions.iter().filter(|name| !stubs.contains(name) && !is_listed(name)) {
+        problems.push(format!(
+            "{name}: exists only with --features {SOLUTIONS_FEATURES} (a #[cfg(feature = ...)] leaves it out \
+             of the stubs' build), so teeth never judges it: make it exist in both builds, or, if it is a \
+             control that must not, list it in ONE_BUILD_ONLY (xtask/src/teeth_check.rs) with the reason"
+        ));
+    }
+    for name in stubs.iter().filter(|name| !solutions.contains(name) && !is_listed(name)) {
+        problems.push(format!(
+            "{name}: exists only without --features {SOLUTIONS_FEATURES}, so the solutions run never runs it: \
+             make it exist in both builds, or, if it is a control that must not, list it in ONE_BUILD_ONLY \
+             (xtask/src/teeth_check.rs) with the reason"
+        ));
+    }
+    for entry in listed {
+        let (name, in_stubs, in_solutions) =
+            (entry.test, stubs.iter().any(|n| n == entry.test), solutions.iter().any(|n| n == entry.test));
+        if !is_control(name) {
+            problems.push(format!(
+                "{name}: listed in ONE_BUILD_ONLY, but not in a `mod controls`: only a control, which never \
+                 runs the learner's code, may exist in one build only"
+            ));
+        }
+        if entry.reason.trim().is_empty() {
+            problems.push(format!(
+                "{name}: listed in ONE_BUILD_ONLY without a reason: say why it is in one build only"
+            ));
+        }
+        if in_stubs == in_solutions {
+            let where_ = if in_stubs { "in both builds" } else { "in neither build" };
+            problems.push(format!(
+                "{name}: listed in ONE_BUILD_ONLY ({}), but it is {where_}: remove the entry",
+                entry.reason
+            ));
+        }
+    }
+    problems
+}
 
 /// A control: a test inside a module named `controls`, at any depth.
 pub fn is_control(test_name: &str) -> bool {
@@ -128,32 +218,34 @@ pub fn teeth(ctx: &Context, report: &mut Report) {
         return report.check("teeth", Outcome::Fail, detail);
     }
     // One build for every chapter, without the feature; each run reuses it.
-    let build_log = ctx.log("teeth-build.log");
-    let args: Vec<&str> = chapters.iter().flat_map(|chapter| ["--test", chapter.as_str()]).collect();
-    let built =
-        File::create(&build_log).and_then(|mut log| executables::build(ctx, &args, None, &mut log, false));
-    let outcome = match built {
-        Ok((finished, outcome)) => {
-            if !finished.success() {
-                println!("the chapters did not all build (target/test-logs/teeth-build.log):");
-                print_errors(&outcome, 30);
-            }
-            outcome
-        }
-        Err(error) => {
-            println!("could not start cargo: {error}");
-            Default::default()
-        }
-    };
+    // And the solutions run's build of the same tests (in the full suite it
+    // is already built), to compare the two lists of tests.
+    let targets: Vec<&str> = chapters.iter().flat_map(|chapter| ["--test", chapter.as_str()]).collect();
+    let outcome = build_chapters(ctx, "teeth-build.log", &targets);
+    let with_solutions: Vec<&str> = ["--features", SOLUTIONS_FEATURES].into_iter().chain(targets).collect();
+    let solutions_outcome = build_chapters(ctx, "teeth-solutions-build.log", &with_solutions);
 
     for chapter in &chapters {
         let nn = &chapter["chapter_".len()..];
         let name = format!("teeth {chapter}");
+        let one_build_only = match compare_chapter_builds(ctx, chapter, &outcome, &solutions_outcome) {
+            Ok(problems) => problems,
+            Err(why) => {
+                report.check(&name, Outcome::Fail, &why);
+                continue;
+            }
+        };
         // A learner who has filled in an exercise has made its tests pass, as
         // intended: only untouched stubs are checked. CI's clean clone always is.
         if !ctx.ci && exercise_differs_from_head(ctx, nn) {
-            let detail = format!("you have edited src/ch{nn}_*/exercise.rs (CI checks the committed stubs)");
-            report.check(&name, Outcome::Skip, &detail);
+            let edited = format!("you have edited src/ch{nn}_*/exercise.rs (CI checks the committed stubs)");
+            if one_build_only.is_empty() {
+                report.check(&name, Outcome::Skip, &edited);
+            } else {
+                one_build_only.iter().for_each(|problem| println!("    drift  {problem}"));
+                let detail = format!("{} tests in one build only (above); {edited}", one_build_only.len());
+                report.check(&name, Outcome::Fail, &detail);
+            }
             continue;
         }
         let Some(executable) = outcome.executables.iter().find(|e| &e.target_name == chapter) else {
@@ -176,7 +268,8 @@ pub fn teeth(ctx: &Context, report: &mut Report) {
             report.check(&name, Outcome::Fail, &detail);
             continue;
         }
-        let teeth = judge(nn, &tally);
+        let mut teeth = judge(nn, &tally);
+        teeth.drift.extend(one_build_only);
         let counts = teeth.counts(nn);
         if !tally.finished {
             // Without its closing event the run's tests cannot all be judged.
@@ -191,6 +284,66 @@ pub fn teeth(ctx: &Context, report: &mut Report) {
             let detail = format!("{} problems (above); {counts}", teeth.drift.len());
             report.check(&name, Outcome::Fail, &detail);
         }
+    }
+}
+
+/// Builds the test targets `args` name (`--test chapter_01 ...`, with
+/// features or without), its log in target/test-logs/`log_name`; what it
+/// built, even when some failed (their errors are printed).
+fn build_chapters(ctx: &Context, log_name: &str, args: &[&str]) -> BuildOutcome {
+    let build_log = ctx.log(log_name);
+    let built =
+        File::create(&build_log).and_then(|mut log| executables::build(ctx, args, None, &mut log, false));
+    match built {
+        Ok((finished, outcome)) => {
+            if !finished.success() {
+                println!("the chapters did not all build (target/test-logs/{log_name}):");
+                print_errors(&outcome, 30);
+            }
+            outcome
+        }
+        Err(error) => {
+            println!("could not start cargo: {error}");
+            Default::default()
+        }
+    }
+}
+
+/// [`compare_builds`] on chapter `chapter`'s two executables; an error
+/// says why the lists could not be compared.
+pub fn compare_chapter_builds(
+    ctx: &Context,
+    chapter: &str,
+    stubs: &BuildOutcome,
+    solutions: &BuildOutcome,
+) -> Result<Vec<String>, String> {
+    let find = |outcome: &BuildOutcome, build: &str| {
+        let executable = outcome.executables.iter().find(|e| e.target_name == chapter);
+        let executable =
+            executable.ok_or_else(|| format!("its tests did not build {build} (errors above)"))?;
+        list_tests(ctx, executable)
+    };
+    let stub_tests = find(stubs, "without the feature")?;
+    let solution_tests = find(solutions, &format!("with --features {SOLUTIONS_FEATURES}"))?;
+    Ok(compare_builds(chapter, &stub_tests, &solution_tests, ONE_BUILD_ONLY))
+}
+
+/// The tests `executable` holds, as `--list` names them.
+fn list_tests(ctx: &Context, executable: &TestExecutable) -> Result<Vec<String>, String> {
+    let listed = Command::new(&executable.path)
+        .args(["--list", "--format", "terse"])
+        .current_dir(&ctx.root)
+        .env("CARGO_MANIFEST_DIR", &ctx.root)
+        .output();
+    let path = ctx.display(&executable.path).into_owned();
+    match listed {
+        Ok(output) if output.status.success() => Ok(listed_tests(&String::from_utf8_lossy(&output.stdout))),
+        Ok(output) => Err(format!(
+            "{path} --list ended with {}: {}",
+            crate::process::describe_status(&output.status),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+        Err(error) => Err(format!("could not run {path} --list: {error}")),
     }
 }
 
