@@ -104,6 +104,9 @@ fn shards_of_the_chapter_table_worked_by_hand() {
     }
 }
 
+/// A `shard_of`, as `ZeroSteps` takes it.
+type ShardOf = fn(usize, usize, usize) -> Shard;
+
 /// Your shard, moved to offset 0 on every rank: the all-gather would then
 /// write rank 0's shard into every slot.
 fn every_rank_at_offset_0(numel: usize, world_size: usize, rank: usize) -> Shard {
@@ -117,7 +120,7 @@ fn ranks_reversed(numel: usize, world_size: usize, rank: usize) -> Shard {
 
 /// What `ShardedAdamW::new` says on each rank when it runs `shard_of` (and
 /// your `step_bucket`) on the chapter's MLP: `None` where it accepts.
-fn refusals(world_size: usize, shard_of: fn(usize, usize, usize) -> Shard) -> Vec<Option<String>> {
+fn refusals(world_size: usize, shard_of: ShardOf) -> Vec<Option<String>> {
     run(world_size, |pg: Group| {
         let (vs, _model) = Mlp::seeded(31, SIZES, Kind::Double);
         let steps = ZeroSteps { shard_of, step_bucket: learner::step_bucket };
@@ -133,7 +136,7 @@ fn the_optimizer_takes_only_the_shard_reduce_scatter_leaves_on_the_rank() {
         for (rank, refusal) in yours.iter().enumerate() {
             assert!(refusal.is_none(), "ShardedAdamW::new refused your shard_of on rank {rank}: {refusal:?}");
         }
-        let wrongs: [(&str, fn(usize, usize, usize) -> Shard); 2] =
+        let wrongs: [(&str, ShardOf); 2] =
             [("every rank at offset 0", every_rank_at_offset_0), ("the ranks reversed", ranks_reversed)];
         for (what, wrong) in wrongs {
             for (rank, refusal) in refusals(world_size, wrong).into_iter().enumerate() {

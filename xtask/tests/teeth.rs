@@ -185,7 +185,7 @@ fn a_chapter_test_behind_the_solutions_feature_fails_teeth_in_a_real_build() {
     let args = ["--test", "chapter_01"];
     let (_, stubs) = build(&ctx, &args, None, &mut log, false).expect("cargo starts");
     let (_, solutions) =
-        build(&ctx, &["--features", SOLUTIONS_FEATURES, &args[0], &args[1]], None, &mut log, false)
+        build(&ctx, &["--features", SOLUTIONS_FEATURES, args[0], args[1]], None, &mut log, false)
             .expect("cargo starts");
     let problems =
         compare_chapter_builds(&ctx, "chapter_01", &stubs, &solutions).expect("both build and list");
