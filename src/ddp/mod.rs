@@ -9,7 +9,7 @@
 //! | the replica check of `DistributedDataParallel.__init__` | `replica_check.rs`: [`verify_replicas`], [`check_same_structure`]; `replicated.rs`: [`Replicated`], the core every wrapper shares | 2 |
 //! | one all-reduce per gradient (no buckets) | `naive.rs`: [`naive::sync_gradients`] | 3 |
 //! | `DistributedDataParallel`, with `no_sync` | `wrapper/`: [`SimpleDistributedDataParallelism`], [`NoSyncGuard`], [`train_step`], the accumulation arithmetic | 4, 7 |
-//! | `Reducer` (`reducer.cpp`): buckets, autograd hooks, the end-of-backward check, comm hooks | `reducer/`: [`Reducer`], [`GradientBuckets`], [`plan_buckets`], [`mark_ready`], [`bf16_compress_hook`] | 5, 6, 12 |
+//! | `Reducer` (`reducer.cpp`): buckets, autograd hooks, the end-of-backward check, comm hooks | `reducer/`: [`Reducer`], [`GradientBuckets`], [`plan_buckets`], [`mark_ready`], [`bf16_compress_hook`], [`bf16_compress_hook_pytorch_order`] | 5, 6, 12 |
 //! | `DistributedSampler` | `sampler.rs`: [`DistributedSampler`], [`epoch_shard`] | 7 |
 //! | `ZeroRedundancyOptimizer` | `zero/`: [`ShardedAdamW`], [`shard_of`], [`step_bucket`]; `adamw_update.rs`: AdamW's arithmetic, [`AdamWUpdate`] | 11 |
 //! | (none: the workbook's doors for the chapters) | `seams.rs`: [`seams`], never used by the library | 2-6, 11 |
@@ -44,9 +44,10 @@ mod zero;
 pub use crate::models::Named;
 pub use adamw_update::AdamWUpdate;
 pub use reducer::{
-    agree_on_order, bf16_compress_hook, check_plan, layout_fingerprint, mark_ready, plan_buckets, replanned,
-    sync_bucket, Bucket, BucketCaps, BucketProgress, BucketingError, CommHook, GradientBuckets, Launch,
-    ParamMeta, Reducer, StepRecord, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
+    agree_on_order, bf16_compress_hook, bf16_compress_hook_pytorch_order, check_plan, layout_fingerprint,
+    mark_ready, plan_buckets, replanned, sync_bucket, Bucket, BucketCaps, BucketProgress, BucketingError,
+    CommHook, GradientBuckets, Launch, ParamMeta, Reducer, StepRecord, DEFAULT_BUCKET_CAP_BYTES,
+    DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
 };
 pub use replica_check::{check_same_structure, verified_tensors, verify_replicas, InitError};
 pub use replicated::Replicated;

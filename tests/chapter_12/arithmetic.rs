@@ -1,6 +1,7 @@
 //! Chapter 12's arithmetic, computed in one process: what bf16 does to an
-//! average, the bound it must stay within, and the two orders of operations
-//! that round only where the wire must. Part of `tests/chapter_12.rs`
+//! average, the bound it must stay within, the two orders of operations
+//! that round only where the wire must (the workbook's hook), and PyTorch's
+//! order, which divides in bf16. Part of `tests/chapter_12.rs`
 //! (`cargo test --test chapter_12`); the ranks' results are checked
 //! against these.
 
@@ -92,4 +93,14 @@ pub fn orders_without_extra_roundings(contributions: &[Tensor]) -> [Tensor; 4] {
         summed.to_kind(kind) / n,
         summed.to_kind(kind) * (1.0 / n),
     ]
+}
+
+/// PyTorch's order (`bf16_compress_hook` of torch 2.11): each contribution
+/// cast to bf16 and divided by N there, the bf16 sum (here in rank order,
+/// as the in-process backend adds), widened back to the contributions'
+/// dtype. The division in bf16 rounds once more unless N is a power of two.
+pub fn pytorch_order(contributions: &[Tensor]) -> Tensor {
+    let (kind, n) = (contributions[0].kind(), contributions.len() as f64);
+    let sent: Vec<Tensor> = contributions.iter().map(|c| c.to_kind(Kind::BFloat16) / n).collect();
+    bf16_chain(&sent).to_kind(kind)
 }

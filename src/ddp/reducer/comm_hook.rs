@@ -12,7 +12,13 @@
 //!
 //! [`bf16_compress_hook`] (PyTorch's `bf16_compress_hook`) sends bfloat16:
 //! half the bytes of float32, with bf16's 8 significant bits (chapter 12
-//! derives the error and `tests/chapter_12.rs` bounds it).
+//! derives the error and `tests/chapter_12.rs` bounds it). It divides by
+//! the world size before the cast, in the bucket's own dtype: the workbook's
+//! order, which rounds to bf16 only where the wire must.
+//! [`bf16_compress_hook_pytorch_order`] is PyTorch's own order (its
+//! `default_hooks.bf16_compress_hook` casts, divides the bf16 tensor, then
+//! all-reduces): one rounding more wherever the world size is not a power
+//! of two, and the same bits as PyTorch's hook (`tests/torch_oracle.rs`).
 
 use tch::{Kind, Tensor};
 
@@ -54,6 +60,29 @@ pub fn bf16_compress_hook(pg: &dyn ProcessGroup, buffer: &Tensor) -> Result<Work
     }))
 }
 // ANCHOR_END: bf16_compress_hook
+
+// ANCHOR: bf16_compress_hook_pytorch_order
+/// [`bf16_compress_hook`] in PyTorch's order of operations, for bitwise
+/// agreement with PyTorch's `bf16_compress_hook` (torch 2.11,
+/// `ddp_comm_hooks/default_hooks.py`: `buffer.to(bfloat16).div_(world_size)`,
+/// an all-reduce (SUM), then `buffer.copy_(result)`). The division happens
+/// in bf16, so each contribution is rounded twice, at the cast and at the
+/// division, unless the world size is a power of two (then the division is
+/// exact, and both hooks give the same bits). Otherwise the same contract
+/// as [`bf16_compress_hook`].
+pub fn bf16_compress_hook_pytorch_order(pg: &dyn ProcessGroup, buffer: &Tensor) -> Result<Work, DistError> {
+    let op = "casting a bucket to bfloat16 and dividing it there";
+    let compressed = tch::no_grad(|| buffer.f_to_kind(Kind::BFloat16)?.f_div_scalar(pg.world_size() as f64))
+        .map_err(torch_error(pg, op))?;
+    let sum = pg.all_reduce_async(&compressed, ReduceOp::Sum)?;
+    let mut bucket = buffer.shallow_clone();
+    let written_back = torch_error(pg, "writing the bf16 average back into its bucket");
+    Ok(Work::new(move || {
+        sum.wait()?;
+        tch::no_grad(|| bucket.f_copy_(&compressed)).map_err(written_back)
+    }))
+}
+// ANCHOR_END: bf16_compress_hook_pytorch_order
 
 /// The overlapped sync's steps with a hook: the library's `mark_ready` and
 /// gradients installed in their slots, then the hook instead of the

@@ -18,7 +18,7 @@
 //! | `layout.rs` | the bucket layout: [`plan_buckets`], [`BucketCaps`], the re-plan |
 //! | `progress.rs` | [`BucketProgress`], [`mark_ready`]: which bucket may leave |
 //! | `steps.rs` | the three steps the reducer takes per bucket, which hooks and chapters replace |
-//! | `comm_hook.rs` | [`CommHook`], [`bf16_compress_hook`] |
+//! | `comm_hook.rs` | [`CommHook`], [`bf16_compress_hook`], [`bf16_compress_hook_pytorch_order`] |
 
 mod buckets;
 mod comm_hook;
@@ -33,7 +33,7 @@ use tch::Tensor;
 
 pub use buckets::{sync_bucket, BucketingError, GradientBuckets, PlanBuckets};
 use comm_hook::HookSteps;
-pub use comm_hook::{bf16_compress_hook, CommHook};
+pub use comm_hook::{bf16_compress_hook, bf16_compress_hook_pytorch_order, CommHook};
 pub use layout::{
     agree_on_order, check_plan, layout_fingerprint, plan_buckets, replanned, Bucket, BucketCaps, ParamMeta,
     DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
