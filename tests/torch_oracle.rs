@@ -16,6 +16,11 @@
 mod branchy;
 #[path = "torch_oracle/compare.rs"]
 mod compare;
+#[path = "common/forwarding.rs"]
+#[allow(dead_code)] // the oracle uses one of its intercepts
+mod forwarding;
+#[path = "torch_oracle/gloo_order.rs"]
+mod gloo_order;
 #[path = "torch_oracle/inputs.rs"]
 mod inputs;
 #[path = "torch_oracle/layouts.rs"]
@@ -81,11 +86,14 @@ fn check_against_torch(
     measured
 }
 
-/// A stage on 2 ranks (bitwise) and on 3 (within the bound).
+/// A stage on 2 ranks (bitwise) and on 3 (within the bound, or as the
+/// stage demands: `Agreement::of`).
 fn stage_agrees(stage: &str) {
     for world_size in [2, 3] {
         let runs = workbook_ranks(stage, world_size);
-        check_against_torch(stage, world_size, &runs, Agreement::on(world_size), |_| true);
+        let agreement = Agreement::of(&by_name(stage), world_size)
+            .unwrap_or_else(|| panic!("stage `{stage}` has no agreement to check on {world_size} ranks"));
+        check_against_torch(stage, world_size, &runs, agreement, |_| true);
     }
 }
 
@@ -176,4 +184,85 @@ fn forward_inside_no_sync_backward_outside_pytorch_defers_the_workbook_syncs_at_
         // And the rest agrees, within the bound, on 2 ranks too.
         check_against_torch(stage.name, world_size, &runs, Agreement::Close, after_the_deferred_sync);
     }
+}
+
+#[test]
+fn bf16_hook_in_pytorchs_order_equals_pytorchs_bf16_compress_hook_bitwise_on_2_and_3_ranks() {
+    // ddp::bf16_compress_hook_pytorch_order against PyTorch's DDP with its
+    // default_hooks.bf16_compress_hook, every gradient and parameter of 3
+    // steps of the tiny GPT in 64 KiB buckets, with the workbook's bf16 sums
+    // in gloo's order (gloo_order.rs).
+    stage_agrees("bf16_hook_pytorch_order");
+}
+
+#[test]
+fn bf16_hook_in_the_workbooks_order_equals_pytorchs_bf16_compress_hook_bitwise_on_2_ranks() {
+    let runs = workbook_ranks("bf16_hook", 2);
+    check_against_torch("bf16_hook", 2, &runs, Agreement::Bitwise, |_| true);
+}
+
+/// The first step's gradients: both sides start from the same weights.
+fn first_gradients(name: &str) -> bool {
+    name.starts_with("step0.mb0.grad.")
+}
+
+#[test]
+fn the_workbooks_bf16_order_rounds_once_less_than_pytorchs_on_3_ranks() {
+    // ddp::bf16_compress_hook divides before the cast, PyTorch's hook after
+    // it, in bf16: on 3 ranks some of the first step's averaged gradients
+    // differ, even with the sums in gloo's order. (That the workbook's order
+    // rounds less is chapter 12's to show, in one process: tests/chapter_12.rs.)
+    let runs = spawn_with(SpawnOptions::new(3).timeout(Duration::from_secs(60)), |pg| {
+        train(&by_name("bf16_hook"), gloo_order::in_gloo_order(pg))
+    })
+    .unwrap_or_else(|e| panic!("bf16_hook: a rank failed: {e}"));
+    let torch = torch_tensors(3, "bf16_hook", 0);
+    let (mut differing, mut compared) = (0, 0);
+    for (name, ours) in runs[0].tensors.iter().filter(|(n, _)| first_gradients(n)) {
+        let (_, theirs) =
+            torch.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("PyTorch wrote no {name}"));
+        compared += ours.numel();
+        differing += ours.ne_tensor(theirs).sum(ddp_workbook::tch::Kind::Int64).int64_value(&[]) as usize;
+    }
+    println!(
+        "bf16_hook on 3 ranks: {differing} of {compared} first-step gradient elements differ from PyTorch's"
+    );
+    assert!(compared > 0, "no first-step gradients to compare");
+    assert!(
+        differing > 0,
+        "the workbook's bf16 hook gave PyTorch's bits on 3 ranks: then it divides in bf16 as PyTorch does, \
+         which it says it does not (src/ddp/reducer/comm_hook.rs)"
+    );
+}
+
+#[test]
+fn the_gloo_order_group_sums_as_gloo_does() {
+    // gloo's bf16 all-reduce of buffers of several lengths on 3 ranks, and
+    // every rank's contribution: gloo_order.rs's sum must give its bits,
+    // where a sum in rank order does not.
+    let path = oracle_run::oracle(3).join("bf16_sums").join("gloo.safetensors");
+    let tensors =
+        Tensor::read_safetensors(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let get = |name: String| {
+        tensors
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| t.shallow_clone())
+            .unwrap_or_else(|| panic!("{} holds no {name}", path.display()))
+    };
+    let lengths: Vec<String> =
+        tensors.iter().filter_map(|(n, _)| n.strip_suffix(".sum").map(String::from)).collect();
+    assert!(lengths.len() >= 5, "{} holds the sums of {lengths:?} only", path.display());
+    let mut rank_order_differs = false;
+    for length in lengths {
+        let contributions: Vec<Tensor> = (0..3).map(|r| get(format!("{length}.rank{r}"))).collect();
+        let gloo = get(format!("{length}.sum"));
+        assert!(
+            same_bits(&gloo_order::gloo_ring_sum(&contributions), &gloo),
+            "{length} elements: gloo_order.rs does not add in gloo's order"
+        );
+        let in_rank_order = contributions[1..].iter().fold(contributions[0].copy(), |s, c| s + c);
+        rank_order_differs |= !same_bits(&in_rank_order, &gloo);
+    }
+    assert!(rank_order_differs, "gloo's sums are the rank-order sums: this test cannot tell orders apart");
 }

@@ -15,7 +15,8 @@ Run by `cargo test --features solutions,mpi,nccl --test torch_oracle`; by hand:
 
 DIR holds stages.json and, per stage, STAGE/weights.safetensors and
 STAGE/batches_rank{r}.safetensors; it receives STAGE/torch_rank{r}.safetensors
-and STAGE/torch_layout_rank{r}.txt.
+and STAGE/torch_layout_rank{r}.txt, and bf16_sums/gloo.safetensors (gloo's
+bf16 all-reduce, for the order of its additions).
 """
 
 import contextlib
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -104,6 +106,7 @@ def run_stage(stage, directory, rank):
         dist._DEFAULT_FIRST_BUCKET_BYTES = stage["first_bucket_bytes"]
     ddp = DistributedDataParallel(model, **stage["ddp"])
     dist._DEFAULT_FIRST_BUCKET_BYTES = default_first_bucket_bytes
+    register_comm_hook(ddp, stage)
     names = [name for name, _ in model.named_parameters()]
     names_by_ptr = {p.data_ptr(): name for name, p in model.named_parameters()}
     layouts = {
@@ -147,6 +150,47 @@ def run_stage(stage, directory, rank):
     write_layouts(layouts, os.path.join(folder, f"torch_layout_rank{rank}.txt"))
 
 
+def register_comm_hook(ddp, stage):
+    """Chapter 12's stages: PyTorch's own bf16_compress_hook on every bucket
+    (cast to bf16, divide by the world size in bf16, all-reduce, copy back)."""
+    if stage["comm_hook"] is None:
+        return
+    if stage["comm_hook"] != "bf16_compress_hook":
+        raise ValueError(f"stages.json names an unknown comm hook {stage['comm_hook']!r}")
+    # ANCHOR: register
+    ddp.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)
+    # ANCHOR_END: register
+
+
+# Buffer lengths for gloo's bf16 sums: short ones, odd ones, and one over
+# 6 MiB, where gloo cuts each rank's chunk into more than two segments.
+BF16_SUM_LENGTHS = (10, 1000, 4801, 100_003, 3_500_001)
+
+
+def bf16_sums(directory, rank, world_size):
+    """gloo's all-reduce (SUM) of bf16 buffers of BF16_SUM_LENGTHS: every
+    rank's contribution and the sum, as rank 0 sees them. bf16 rounds each
+    partial sum, so the bits show gloo's order of additions, which the
+    workbook's stand-in for gloo (tests/torch_oracle/gloo_order.rs) must
+    reproduce."""
+    out = {}
+    for length in BF16_SUM_LENGTHS:
+        g = torch.Generator().manual_seed(1300 + rank)
+        # magnitudes over several powers of two, so that roundings differ
+        mine = (torch.randn(length, generator=g) * torch.randn(length, generator=g).exp()).bfloat16()
+        everyone = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(everyone, mine)
+        total = mine.clone()
+        dist.all_reduce(total)
+        for r, contribution in enumerate(everyone):
+            out[f"{length}.rank{r}"] = contribution
+        out[f"{length}.sum"] = total
+    if rank == 0:
+        folder = os.path.join(directory, "bf16_sums")
+        os.makedirs(folder, exist_ok=True)
+        save_file(out, os.path.join(folder, "gloo.safetensors"))
+
+
 def write_layouts(layouts, path):
     """One line per bucket, `WHEN BYTES NAME,NAME,...`, the logged sizes as
     `logged_at_construction SIZES`, and the parameters in DDP's order as
@@ -172,6 +216,8 @@ def main():
     for stage in stages:
         run_stage(stage, directory, rank)
         dist.barrier()
+    bf16_sums(directory, rank, dist.get_world_size())
+    dist.barrier()
     dist.destroy_process_group()
     leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)
 

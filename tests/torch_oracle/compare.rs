@@ -18,6 +18,8 @@
 use ddp_workbook::check::{compare_to_reference, max_abs_diff, same_bits};
 use ddp_workbook::tch::Tensor;
 
+use super::stages::{Bf16Hook, Stage};
+
 /// Per tensor: |workbook - torch| <= RELATIVE * max|torch| + FLOOR. Measured
 /// here on 3 ranks (every stage prints it with `-- --nocapture`): at most
 /// 7.2e-15 of a tensor's largest value and 3.4e-16 absolute, so the bound
@@ -39,6 +41,21 @@ impl Agreement {
             Agreement::Bitwise
         } else {
             Agreement::Close
+        }
+    }
+
+    /// What `stage` must give on `world_size` ranks, or None where there is
+    /// no bound to hold it to. The bf16 hook: in PyTorch's order, bitwise on
+    /// any number of ranks (the sums in gloo's order, gloo_order.rs); in
+    /// the workbook's, bitwise on 2 ranks (a division by 2 is exact in bf16
+    /// too), while on 3 it rounds once less than PyTorch, which
+    /// `the_workbooks_bf16_order_rounds_once_less_than_pytorchs_on_3_ranks`
+    /// checks.
+    pub fn of(stage: &Stage, world_size: usize) -> Option<Agreement> {
+        match stage.bf16_hook {
+            Some(Bf16Hook::PyTorchOrder) => Some(Agreement::Bitwise),
+            Some(Bf16Hook::WorkbookOrder) if world_size > 2 => None,
+            _ => Some(Agreement::on(world_size)),
         }
     }
 }

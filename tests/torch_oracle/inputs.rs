@@ -28,8 +28,10 @@ fn json(stage: &Stage) -> String {
         NoSync::ForwardOnly => "forward_only",
     };
     let first_bucket_bytes = stage.torch_first_bucket_bytes.map_or("null".to_string(), |b| b.to_string());
+    // Both of the workbook's bf16 hooks face PyTorch's one.
+    let comm_hook = if stage.bf16_hook.is_some() { r#""bf16_compress_hook""# } else { "null" };
     format!(
-        r#"{{"name": "{}", "model": {model}, "ddp": {}, "first_bucket_bytes": {first_bucket_bytes}, "steps": {}, "micro_batches": {}, "no_sync": "{no_sync}", "record_micro_batches": {}, "lr": {:?}}}"#,
+        r#"{{"name": "{}", "model": {model}, "ddp": {}, "first_bucket_bytes": {first_bucket_bytes}, "steps": {}, "micro_batches": {}, "no_sync": "{no_sync}", "record_micro_batches": {}, "lr": {:?}, "comm_hook": {comm_hook}}}"#,
         stage.name, stage.torch_ddp, stage.steps, stage.micro_batches, stage.record_micro_batches, stage.lr
     )
 }

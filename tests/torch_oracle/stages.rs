@@ -46,6 +46,18 @@ pub enum NoSync {
     ForwardOnly,
 }
 
+/// Chapter 12's communication hook on both sides: PyTorch's DDP registers
+/// its own `bf16_compress_hook`, the workbook's wrapper one of its two.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bf16Hook {
+    /// `ddp::bf16_compress_hook`, the workbook's order: divided before the
+    /// cast, so one rounding less than PyTorch's on 3 ranks.
+    WorkbookOrder,
+    /// `ddp::bf16_compress_hook_pytorch_order`, with the bf16 sums in
+    /// gloo's order (gloo_order.rs): PyTorch's arithmetic, bit for bit.
+    PyTorchOrder,
+}
+
 #[derive(Clone, Debug)]
 pub struct Stage {
     pub name: &'static str,
@@ -62,10 +74,14 @@ pub struct Stage {
     /// Write the gradients after every micro-batch, not only the last.
     pub record_micro_batches: bool,
     pub lr: f64,
+    /// A bf16 hook on both wrappers (chapter 12), or none.
+    pub bf16_hook: Option<Bf16Hook>,
 }
 
 const MLP: &[i64] = &[4, 16, 16, 1];
 const BRANCHY: &[i64] = &[4, 8, 1];
+/// Wider than MLP: more elements for the bf16 hook to round.
+const BF16_MLP: &[i64] = &[8, 64, 64, 4];
 const MLP_ROWS: i64 = 4; // per rank and micro-batch
 const GPT_ROWS: i64 = 2;
 const MODEL_SEED: i64 = 11;
@@ -94,6 +110,7 @@ fn stage(name: &'static str, model: ModelSpec, sync: WorkbookSync, torch_ddp: &'
         no_sync: NoSync::Never,
         record_micro_batches: false,
         lr: 0.1,
+        bf16_hook: None,
     }
 }
 
@@ -161,6 +178,27 @@ pub fn stages() -> Vec<Stage> {
             r#"{"bucket_cap_mb": 0.0625, "gradient_as_bucket_view": true}"#,
         ),
     ]
+    .into_iter()
+    .chain(bf16_stages())
+    .collect()
+}
+
+/// Chapter 12's hook, in both orders, on an MLP of 4,996 parameters with
+/// one bucket per parameter on both sides: gloo's order of additions
+/// depends on where an element lies in its bucket (gloo_order.rs), and a
+/// bucket of one parameter holds it where PyTorch's does. PyTorch uses
+/// those buckets from the first step only with find_unused_parameters
+/// (without it, its first step runs one bucket of every gradient, ordered
+/// otherwise than the workbook's; layouts.rs).
+fn bf16_stages() -> Vec<Stage> {
+    let one_per_parameter =
+        WorkbookSync::Wrapper { caps: BucketCaps { cap_bytes: 8, first_cap_bytes: 8 }, find_unused: true };
+    let torch = r#"{"bucket_cap_mb": 7.62939453125e-06, "find_unused_parameters": true}"#;
+    let with = |name, hook| Stage {
+        bf16_hook: Some(hook),
+        ..stage(name, ModelSpec::Mlp(BF16_MLP), one_per_parameter, torch)
+    };
+    vec![with("bf16_hook", Bf16Hook::WorkbookOrder), with("bf16_hook_pytorch_order", Bf16Hook::PyTorchOrder)]
 }
 
 pub fn by_name(name: &str) -> Stage {

@@ -6,13 +6,16 @@
 //! `spawn`, or MPI processes.
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
-use ddp_workbook::ddp::{naive, Replicated, SimpleDistributedDataParallelism};
+use ddp_workbook::ddp::{
+    bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, Replicated, SimpleDistributedDataParallelism,
+};
 use ddp_workbook::dist::Group;
 use ddp_workbook::models::named_parameters;
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::Tensor;
 
-use super::stages::{build, loss, micro_batch, NoSync, Stage, WorkbookSync};
+use super::gloo_order::in_gloo_order;
+use super::stages::{build, loss, micro_batch, Bf16Hook, NoSync, Stage, WorkbookSync};
 
 /// What one rank computed, and how many gradient syncs it ran.
 pub struct RankRun {
@@ -73,8 +76,14 @@ pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
             Ok(RankRun { gradient_syncs: syncs, parameters: names(&params), ..RankRun::from_tensors(out) })
         }
         WorkbookSync::Wrapper { caps, find_unused } => {
-            let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), caps)?
-                .find_unused_parameters(find_unused);
+            let ddp = SimpleDistributedDataParallelism::with_bucket_caps(
+                model,
+                &vs,
+                hooked_group(stage, pg),
+                caps,
+            )?
+            .find_unused_parameters(find_unused);
+            register_bf16_hook(stage, &ddp);
             let layout_before = ddp.buckets().iter().map(|b| b.bytes()).collect();
             for step in 0..stage.steps {
                 zero_grads(&params);
@@ -112,6 +121,24 @@ pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
                 parameters: names(&params),
             })
         }
+    }
+}
+
+/// The group the stage's wrapper runs on: with PyTorch's order of the bf16
+/// hook, its bf16 sums in gloo's order, as PyTorch's are.
+fn hooked_group(stage: &Stage, pg: Group) -> Group {
+    match stage.bf16_hook {
+        Some(Bf16Hook::PyTorchOrder) => in_gloo_order(pg),
+        _ => pg,
+    }
+}
+
+/// Registers the stage's bf16 hook, if it has one.
+fn register_bf16_hook<M: Module>(stage: &Stage, ddp: &SimpleDistributedDataParallelism<M>) {
+    match stage.bf16_hook {
+        Some(Bf16Hook::WorkbookOrder) => ddp.register_comm_hook(bf16_compress_hook),
+        Some(Bf16Hook::PyTorchOrder) => ddp.register_comm_hook(bf16_compress_hook_pytorch_order),
+        None => {}
     }
 }
 

@@ -1,0 +1,85 @@
+//! gloo's order of additions in a bf16 all-reduce (SUM), so that the
+//! workbook's bf16 hook in PyTorch's order can be compared with PyTorch's
+//! `bf16_compress_hook` bit for bit on 3 ranks. bf16 addition rounds every
+//! partial sum, so the order of the additions shows in the bits: the
+//! in-process backend adds in rank order, gloo adds along its ring, and the
+//! order depends on where an element lies in the buffer. This group
+//! forwards every call to the real one, but sums a bf16 all-reduce in
+//! gloo's order (from every rank's contribution, gathered), so that what is
+//! compared with PyTorch is the hook's own arithmetic.
+//! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
+//!
+//! gloo's ring all-reduce (`gloo/allreduce.cc`, `ring`): the buffer is cut
+//! into `num_segments` segments, a multiple of the world size N and at least
+//! 2N (more only above 1 MiB a segment), of `segment_bytes` each rounded up
+//! to whole elements; rank r ends with chunk r, its `num_segments / N`
+//! consecutive segments. A chunk travels down the ring, from rank r - 1 to
+//! r - 2 and so on, each rank adding its own contribution, and ends on rank
+//! r: chunk r is (((x[r-1] + x[r-2]) + ...) + x[r]), ranks mod N.
+//! `the_gloo_order_group_sums_as_gloo_does` checks it against gloo itself.
+
+use ddp_workbook::dist::{torch_error, DistError, Group, ReduceOp, Work};
+use ddp_workbook::tch::{self, Kind, Tensor};
+
+use crate::forwarding::{Forwarding, Intercept};
+
+/// gloo's largest segment (`AllreduceOptionsImpl::kMaxSegmentSize`), in bytes.
+const MAX_SEGMENT_BYTES: usize = 1024 * 1024;
+
+/// The element ranges of the chunks of an all-reduce of `numel` elements of
+/// `element_size` bytes on `world_size` ranks: chunk r, which rank r ends
+/// with, is `ranges[r]` (empty at the end when the buffer is short).
+pub fn gloo_chunks(numel: usize, element_size: usize, world_size: usize) -> Vec<std::ops::Range<usize>> {
+    let total_bytes = numel * element_size;
+    let max_segment = element_size * (MAX_SEGMENT_BYTES / element_size).max(1);
+    let num_segments = total_bytes.div_ceil(max_segment).max(2 * world_size).next_multiple_of(world_size);
+    let segment_bytes = total_bytes.div_ceil(num_segments).next_multiple_of(element_size);
+    let chunk = num_segments / world_size * segment_bytes / element_size;
+    (0..world_size).map(|r| (r * chunk).min(numel)..((r + 1) * chunk).min(numel)).collect()
+}
+
+/// The sum of `contributions` (one per rank, in rank order) in gloo's
+/// ring order, with libtorch's bf16 additions.
+pub fn gloo_ring_sum(contributions: &[Tensor]) -> Tensor {
+    let n = contributions.len();
+    let out = contributions[0].zeros_like();
+    let numel = contributions[0].numel();
+    for (r, range) in
+        gloo_chunks(numel, contributions[0].kind().elt_size_in_bytes(), n).into_iter().enumerate()
+    {
+        if range.is_empty() {
+            continue;
+        }
+        let (start, len) = (range.start as i64, range.len() as i64);
+        let part = |rank: usize| contributions[rank % n].narrow(0, start, len);
+        let sum = (2..=n).fold(part(r + n - 1), |sum, k| sum + part(r + n - k));
+        out.narrow(0, start, len).copy_(&sum);
+    }
+    out
+}
+
+/// Sums each bf16 all-reduce (SUM) in gloo's order; every other call goes
+/// to the real group as it is.
+pub struct GlooRingOrder;
+
+impl Intercept for GlooRingOrder {
+    fn all_reduce_async(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
+        if (tensor.kind(), op) != (Kind::BFloat16, ReduceOp::Sum) {
+            return inner.all_reduce_async(tensor, op);
+        }
+        let sum = gloo_ring_sum(&inner.all_gather(tensor)?);
+        let mut result = tensor.shallow_clone();
+        let written = torch_error(inner.as_ref(), "writing gloo's sum into the all-reduce's tensor");
+        // The result lands at the wait, as the Work contract has it.
+        Ok(Work::new(move || tch::no_grad(|| result.f_copy_(&sum)).map(|_| ()).map_err(written)))
+    }
+}
+
+/// `pg`, with its bf16 sums in gloo's order.
+pub fn in_gloo_order(pg: Group) -> Group {
+    std::sync::Arc::new(Forwarding {
+        inner: pg,
+        name: "local, bf16 sums in gloo's ring order",
+        intercept: GlooRingOrder,
+    })
+}
