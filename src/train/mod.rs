@@ -41,7 +41,7 @@ pub use config::{default_threads_per_rank, ConfigError, TrainConfig};
 pub use gpu::{train_as_gpu_process, train_on_gpus};
 pub use outcome::{Evaluation, Event, RankOutcome};
 pub use phases::StepPhases;
-pub use run::{evaluate, lr_at, train_as_process, train_rank};
+pub use run::{build_model, evaluate, lr_at, train_as_process, train_rank, wrap_model};
 
 // ANCHOR: train
 /// Runs `config` on `config.world_size` in-process ranks and returns every

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tch::{Kind, Tensor};
+use tch::{nn, Kind, Tensor};
 
 use super::agreement::check_replicas_agree;
 use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition};
@@ -19,8 +19,8 @@ use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
 use crate::ddp::Named;
 use crate::ddp::{
-    rows, train_step_with, BucketCaps, DistributedSampler, SamplerOptions, SimpleDistributedDataParallelism,
-    MIB,
+    rows, train_step_with, BucketCaps, BucketingError, DistributedSampler, SamplerOptions,
+    SimpleDistributedDataParallelism, MIB,
 };
 use crate::dist::Group;
 use crate::models::{named_buffers, named_parameters, Gpt, GptConfig};
@@ -112,11 +112,7 @@ pub fn train_rank(
     let rank = pg.rank();
     // ANCHOR: setup
     let task = TokenTask::standard(config.seed as i64, config.train_sequences as i64);
-    let gpt_config =
-        GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
-    // Same seed on every rank: the same initial weights (chapter 2).
-    let (mut vs, gpt) = Gpt::seeded(config.seed as i64, &gpt_config, Kind::Float);
-    vs.set_device(config.device); // built on the CPU, bitwise alike everywhere, then moved
+    let (vs, gpt) = build_model(config, &task);
 
     let saved = match (&config.checkpoint, config.resume) {
         // Rank 0 reads the file; the others receive it (resume.rs).
@@ -127,14 +123,7 @@ pub fn train_rank(
         saved.restore_model(path, &named_parameters(&vs))?; // every rank holds the same bytes
         saved.restore_model(path, &named_buffers(&vs))?;
     }
-    // Checks that every rank holds the same weights, then plans the buckets.
-    let cap_bytes = ((config.bucket_cap_mb * MIB as f64) as usize).max(1);
-    let caps =
-        BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) };
-    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(gpt, &vs, pg.clone(), caps)?;
-    if config.bf16_gradients {
-        ddp.register_comm_hook(crate::ddp::bf16_compress_hook); // each bucket travels as bf16
-    }
+    let (ddp, caps) = wrap_model(gpt, &vs, pg.clone(), config)?;
     // Plain: AdamW whole on every rank. ZeRO-1: sharded (run_optimizer.rs).
     let mut optimizer = RunOptimizer::new(&ddp, config, caps)?;
     let mut progress = LoopPosition { step: 0, epoch: 0, position: 0 };
@@ -255,6 +244,40 @@ pub fn train_rank(
     })
 }
 // ANCHOR_END: train_rank
+
+// ANCHOR: model
+/// The run's model for `task`, before any checkpoint is loaded: the tiny GPT
+/// sized for the task, from `config.seed`. Same seed on every rank: the same
+/// initial weights (chapter 2).
+pub fn build_model(config: &TrainConfig, task: &TokenTask) -> (nn::VarStore, Gpt) {
+    let gpt_config =
+        GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
+    let (mut vs, gpt) = Gpt::seeded(config.seed as i64, &gpt_config, Kind::Float);
+    vs.set_device(config.device); // built on the CPU, bitwise alike everywhere, then moved
+    (vs, gpt)
+}
+
+/// The run's wrapper around `gpt` (whose variables are `vs`), as every step
+/// syncs it: it checks that every rank holds the same weights, plans the
+/// buckets with the run's caps (returned too: ZeRO-1 shards by them) and,
+/// with `bf16_gradients`, registers chapter 12's hook, which averages each
+/// bucket. `tests/train_bf16.rs` checks the gradients it averages.
+pub fn wrap_model(
+    gpt: Gpt,
+    vs: &nn::VarStore,
+    pg: Group,
+    config: &TrainConfig,
+) -> Result<(SimpleDistributedDataParallelism<Gpt>, BucketCaps), BucketingError> {
+    let cap_bytes = ((config.bucket_cap_mb * MIB as f64) as usize).max(1);
+    let caps =
+        BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) };
+    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(gpt, vs, pg, caps)?;
+    if config.bf16_gradients {
+        ddp.register_comm_hook(crate::ddp::bf16_compress_hook); // each bucket travels as bf16
+    }
+    Ok((ddp, caps))
+}
+// ANCHOR_END: model
 
 /// The model's parameters, then its buffers: what a checkpoint saves of
 /// it, on the CPU (a copy when the model is on a GPU; the same tensors
