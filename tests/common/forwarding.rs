@@ -11,7 +11,8 @@
 //! completed (`examples/support/timed_group.rs`); the ring figure reads the
 //! chunks before every step (`examples/figures/ch01_ring.rs`); chapter 11's
 //! `step_bucket.rs` gives `reduce_scatter` NCCL's way of averaging, and its
-//! `training.rs` notes the bytes of every collective call.
+//! `training.rs` notes the bytes of every collective call; the PyTorch
+//! oracle adds bf16 sums in gloo's order (`tests/torch_oracle/gloo_order.rs`).
 
 use ddp_workbook::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};
 use ddp_workbook::tch::Tensor;

@@ -79,7 +79,7 @@ impl Intercept for GlooRingOrder {
 pub fn in_gloo_order(pg: Group) -> Group {
     std::sync::Arc::new(Forwarding {
         inner: pg,
-        name: "local, bf16 sums in gloo's ring order",
+        name: "bf16 sums in gloo's ring order",
         intercept: GlooRingOrder,
     })
 }
