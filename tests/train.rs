@@ -8,16 +8,17 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::forwarding::{AllReduceAsync, Forwarding, ReplaceAllReduce};
 use ddp_workbook::check::{compare_replicas, max_reference_diff, snapshot};
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
 use ddp_workbook::ddp::Named;
-use ddp_workbook::dist::{self, Group, Work};
+use ddp_workbook::dist::{self, DistError, Group, ReduceOp, Work};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
-use ddp_workbook::tch::Kind;
+use ddp_workbook::tch::{Kind, Tensor};
 use ddp_workbook::train::{
     self, checkpoint, AdamW, CheckpointError, ConfigError, RankOutcome, ReplicasDiffer, TrainConfig,
 };
@@ -321,5 +322,110 @@ fn every_rank_reports_the_fingerprint_of_the_final_checkpoint() {
     for (rank, outcome) in outcome.iter().enumerate() {
         assert_eq!(outcome.fingerprint, in_the_file, "rank {rank}'s fingerprint is not the checkpoint's");
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `pg` as rank 1 sees it when, from step `from` on, it skips its gradient
+/// sync: it still joins every all-reduce (rank 0 gets the average, nothing
+/// hangs) but keeps its own gradient. Every rank's calls go through the
+/// same line, so that the backend, which compares where each rank called a
+/// collective from, sees the same calls. The steps are told apart by the
+/// run's two logging all-reduces of one number after each step, so the run
+/// must log every step (`log_every: 1`).
+fn rank_1_skips_its_sync_from(pg: Group, from: usize) -> Group {
+    let skips = pg.rank() == 1;
+    let logged = AtomicUsize::new(0);
+    let all_reduce = move |inner: &Group, tensor: &Tensor, op: ReduceOp| -> Result<Work, DistError> {
+        let gradients = tensor.numel() > 1;
+        if !gradients {
+            logged.fetch_add(1, Ordering::SeqCst);
+        }
+        let skipped = skips && gradients && logged.load(Ordering::SeqCst) / 2 + 1 >= from;
+        // Skipped, the average lands in a copy, dropped once it has arrived.
+        let target = if skipped { tensor.copy() } else { tensor.shallow_clone() };
+        let work = inner.all_reduce_async(&target, op)?;
+        Ok(Work::new(move || work.wait().map(|()| drop(target))))
+    };
+    Arc::new(Forwarding { inner: pg, name: "rank-1-skips-its-sync", intercept: ReplaceAllReduce(all_reduce) })
+}
+
+/// The run that the next tests break: 10 steps, a checkpoint every 5, a log line every step.
+fn checkpointed_run(path: &Path) -> TrainConfig {
+    TrainConfig { steps: 10, checkpoint_every: 5, log_every: 1, ..small_run(Some(path.to_path_buf())) }
+}
+
+/// Runs `config` with rank 1 skipping its sync from step `from`; returns
+/// the step after which every rank reported `ReplicasDiffer`.
+fn fails_its_replica_check(config: &TrainConfig, from: usize) -> usize {
+    let run = dist::spawn(2, |pg| train::train_rank(rank_1_skips_its_sync_from(pg, from), config, &|_| {}));
+    let Err(error) = run else { panic!("rank 1 skipped its sync from step {from}, yet the run succeeded") };
+    let steps: Vec<usize> = (0..2)
+        .map(|rank| match error.failure_of(rank) {
+            Some(dist::RankFailure::Error(cause)) => match cause.downcast_ref::<ReplicasDiffer>() {
+                Some(differ) => differ.step,
+                None => panic!("rank {rank} failed, but not its replica check: {cause:#}"),
+            },
+            other => panic!("rank {rank}: {other:?}"),
+        })
+        .collect();
+    assert_eq!(steps[0], steps[1], "the ranks disagree on where the check failed");
+    steps[0]
+}
+
+#[test]
+fn a_run_that_fails_its_replica_check_leaves_no_checkpoint_a_restart_could_resume() {
+    // Rank 1 skips every sync: the replicas differ from step 1 on. Checked
+    // before each save, the run fails at its first checkpoint and writes
+    // none; a restart (a launcher's --max-restarts adds --resume) then has
+    // nothing to resume and fails too, where it used to load rank 0's
+    // state everywhere, find the replicas equal and succeed.
+    let dir = scratch("diverged");
+    let path = dir.join("run.safetensors");
+    let config = checkpointed_run(&path);
+    let failed_at = fails_its_replica_check(&config, 1);
+    assert_eq!(
+        failed_at, 5,
+        "the replicas differ from step 1: the check before the first save must catch it"
+    );
+    assert!(!path.exists(), "a run that failed its replica check left a checkpoint of the state that failed");
+    assert!(!checkpoint::previous_path(&path).exists(), "and a previous one");
+    let restart = train::train(&TrainConfig { resume: true, ..config }, &|_| {});
+    let error = restart.expect_err("a restart turned the failed replica check into success");
+    assert!(format!("{error:#}").contains("no checkpoint file"), "{error:#}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_restart_after_a_failed_replica_check_resumes_from_the_last_agreed_checkpoint() {
+    // Rank 1 skips its syncs from step 7: the checkpoint of step 5 holds
+    // replicas that agree, the one of step 10 would not. A restart resumes
+    // from step 5 and, without the fault, ends where a run without it ends.
+    let dir = scratch("diverged-late");
+    let path = dir.join("run.safetensors");
+    let config = checkpointed_run(&path);
+    assert_eq!(fails_its_replica_check(&config, 7), 10);
+    let saved = checkpoint::load(&path).expect("the checkpoint of step 5 stays");
+    assert_eq!(saved.progress.step, 5, "the only checkpoint must be the last one the replicas agreed on");
+
+    let restarted = run(&TrainConfig { resume: true, ..config.clone() });
+    assert_eq!(restarted[0].losses.len(), 5, "the restart must run steps 6 to 10");
+    let healthy = run(&TrainConfig { checkpoint: None, checkpoint_every: 0, ..config });
+    assert_bitwise_equal(&restarted[0].weights, &healthy[0].weights, "restarted vs a run without the fault");
+    assert_eq!(restarted[0].fingerprint, healthy[0].fingerprint, "the final states differ");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_checkpoint_of_a_finished_run_is_refused_not_resumed() {
+    // Its step is the run's last: resuming it would run no step and
+    // "succeed" on whatever state it holds.
+    let dir = scratch("finished");
+    let path = dir.join("run.safetensors");
+    let config = TrainConfig { steps: 3, ..small_run(Some(path.clone())) };
+    run(&config);
+    let error = train::train(&TrainConfig { resume: true, ..config }, &|_| {})
+        .expect_err("a checkpoint at the run's last step was resumed");
+    let message = format!("{error:#}");
+    assert!(message.contains("step 3, the last step of this run"), "{message}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,9 +1,11 @@
-//! The training run's last proof that DDP did its
-//! job. Every rank fingerprints the state a checkpoint of it would hold
-//! (weights, optimizer state, progress, settings), the ranks all-gather the
-//! fingerprints, and the run fails on every rank unless all are equal: a
-//! DDP that skipped a gradient sync would still learn on rank 0, but its
-//! replicas would have drifted apart.
+//! The training run's proof that DDP did its job, before every checkpoint
+//! and after the last step. Every rank fingerprints the state a checkpoint
+//! of it would hold (weights, optimizer state, progress, settings), the
+//! ranks all-gather the fingerprints, and the run fails on every rank
+//! unless all are equal: a DDP that skipped a gradient sync would still
+//! learn on rank 0, but its replicas would have drifted apart, and a
+//! checkpoint of rank 0's state would let a restart resume every rank from
+//! it as if they had agreed.
 
 use tch::Tensor;
 
@@ -12,9 +14,11 @@ use crate::dist::ProcessGroup;
 /// The replicas ended in different states. Every rank gets the same error.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "the replicas differ after step {step}: the fingerprints of their final states are {}. DDP keeps \
+    "the replicas differ after step {step}: the fingerprints of their states are {}. DDP keeps \
      every replica bitwise equal when each gradient is averaged over all ranks before every \
-     optimizer step: a gradient sync was skipped, or a rank changed its model or optimizer alone",
+     optimizer step: a gradient sync was skipped, or a rank changed its model or optimizer alone. \
+     No checkpoint of this state was written; a restart resumes from the last one the replicas \
+     agreed on",
     in_hex(.fingerprints)
 )]
 pub struct ReplicasDiffer {

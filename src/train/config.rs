@@ -220,10 +220,15 @@ impl TrainConfig {
     }
 
     /// Whether a checkpoint fits this run: written with the same settings,
-    /// and not past the run's end.
+    /// and before the run's end. A checkpoint of the last step is refused:
+    /// the run has finished, and a resume would run no step and succeed on
+    /// whatever the file holds.
     pub fn fits(&self, saved: &Checkpoint, path: &Path) -> Result<(), CheckpointError> {
         saved.check_settings(path, &self.settings())?;
         let step = saved.progress.step;
+        if step as usize == self.steps {
+            return Err(CheckpointError::Finished { path: path.to_path_buf(), step: self.steps });
+        }
         if step as usize > self.steps {
             let detail = format!("it is at step {step}, past this run's {} steps", self.steps);
             return Err(CheckpointError::Invalid { path: path.to_path_buf(), detail });

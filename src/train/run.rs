@@ -146,6 +146,7 @@ pub fn train_rank(
     let k = config.accum_steps;
     let (mut losses, mut train_time, mut window) = (Vec::new(), Duration::ZERO, (Duration::ZERO, 0));
     let clock = PhaseClock::new(); // where the steps' time goes, for the benchmarks
+    let mut fingerprint = None; // of the last state the replicas agreed on
     for step in first_step..=last_step {
         // ANCHOR: step
         let started = clock.start();
@@ -201,28 +202,28 @@ pub fn train_rank(
         if rank == 0 {
             on_event(Event::Stepped { step });
         }
-        if let Some(path) = checkpoint_due(config, step) {
-            // Sharded, every rank gathers the state (a collective); rank 0 writes it.
-            if let Some(optimizer) = optimizer.state_to_save(rank)? {
-                let model = model_tensors(&vs); // the unwrapped model's weights
-                checkpoint::save(
-                    path,
-                    &Checkpoint { model, optimizer, progress, settings: config.settings() },
-                )?;
+        let due = checkpoint_due(config, step);
+        if due.is_some() || step == last_step {
+            // The ranks compare the state first and save it after: a
+            // checkpoint of replicas that differ would hold rank 0's state
+            // alone, and a restart would resume every rank from it as if
+            // they had agreed (agreement.rs). Sharded, gathering the state
+            // is a collective.
+            let (state, agreed) = agreed_state(&pg, &vs, &optimizer, config, progress)?;
+            fingerprint = Some(agreed);
+            if let (Some(path), 0) = (due, rank) {
+                checkpoint::save(path, &state)?;
                 on_event(Event::Checkpointed { step, path });
             }
         }
         // ANCHOR_END: rank0
     }
-    // The proof that DDP kept the replicas equal: rank 0's final checkpoint,
-    // fingerprinted on every rank, must be the same everywhere.
-    let final_state = Checkpoint {
-        model: model_tensors(&vs),
-        optimizer: optimizer.state()?, // sharded: gathered, on every rank
-        progress,
-        settings: config.settings(),
+    // The proof that DDP kept the replicas equal: the state of the last
+    // step, fingerprinted on every rank, was the same everywhere.
+    let fingerprint = match fingerprint {
+        Some(agreed) => agreed,
+        None => agreed_state(&pg, &vs, &optimizer, config, progress)?.1, // no step was left to run
     };
-    let fingerprint = check_replicas_agree(pg.as_ref(), checkpoint::fingerprint(&final_state), last_step)?;
     let sync_time = ddp.sync_time();
     let mut phases = clock.phases();
     phases.sync = sync_time;
@@ -285,6 +286,26 @@ pub fn wrap_model(
 fn model_tensors(vs: &tch::nn::VarStore) -> Vec<Named> {
     let on_cpu = |(name, t): Named| (name, t.to_device(tch::Device::Cpu));
     named_parameters(vs).into_iter().chain(named_buffers(vs)).map(on_cpu).collect()
+}
+
+/// The state a checkpoint after `progress` holds, and its fingerprint,
+/// once every rank has found its own the same ([`check_replicas_agree`];
+/// otherwise every rank fails with `ReplicasDiffer`). Every rank calls it.
+fn agreed_state(
+    pg: &Group,
+    vs: &tch::nn::VarStore,
+    optimizer: &RunOptimizer,
+    config: &TrainConfig,
+    progress: LoopPosition,
+) -> anyhow::Result<(Checkpoint, i64)> {
+    let state = Checkpoint {
+        model: model_tensors(vs),
+        optimizer: optimizer.state()?, // sharded: gathered, on every rank
+        progress,
+        settings: config.settings(),
+    };
+    let agreed = check_replicas_agree(pg.as_ref(), checkpoint::fingerprint(&state), progress.step as usize)?;
+    Ok((state, agreed))
 }
 
 /// The checkpoint file if one is due after `step`: every `checkpoint_every`

@@ -65,18 +65,6 @@ impl RunOptimizer {
         }
     }
 
-    /// The state to checkpoint, on `rank` 0 (`None` elsewhere). Sharded,
-    /// every rank takes part in gathering it; plain, the others do nothing.
-    pub(super) fn state_to_save(&self, rank: usize) -> Result<Option<Vec<Named>>, DistError> {
-        match self {
-            RunOptimizer::Plain(adamw) => Ok((rank == 0).then(|| adamw.state())),
-            RunOptimizer::Sharded(sharded) => {
-                let state = sharded.gathered_state()?; // a collective: on every rank
-                Ok((rank == 0).then_some(state))
-            }
-        }
-    }
-
     /// Restores a saved state (either kind saves the same names, so a
     /// checkpoint of one resumes the other), or says what is wrong with it.
     pub(super) fn load_state(&mut self, state: &[Named]) -> Result<(), String> {

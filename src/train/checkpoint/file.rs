@@ -70,6 +70,13 @@ pub enum CheckpointError {
     )]
     SettingsDiffer { path: PathBuf, detail: String },
 
+    #[error(
+        "{path} is the checkpoint of step {step}, the last step of this run: the run has finished, and \
+         a resume would have no step left to run. Use its weights (`checkpoint::load_model_weights` \
+         loads them into a model), or start a new run without --resume"
+    )]
+    Finished { path: PathBuf, step: usize },
+
     #[error("cannot write the checkpoint {path}: {detail}")]
     Write { path: PathBuf, detail: String },
 }
