@@ -18,7 +18,7 @@ use ddp_workbook::ddp::Named;
 use ddp_workbook::dist::{self, DistError, Group, ReduceOp, Work};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
-use ddp_workbook::tch::{Kind, Tensor};
+use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::train::{
     self, checkpoint, AdamW, CheckpointError, ConfigError, RankOutcome, ReplicasDiffer, TrainConfig,
 };
@@ -428,4 +428,80 @@ fn a_checkpoint_of_a_finished_run_is_refused_not_resumed() {
     let message = format!("{error:#}");
     assert!(message.contains("step 3, the last step of this run"), "{message}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+// ANCHOR: settings_test
+#[test]
+fn a_resume_refuses_every_setting_that_changes_the_numbers() {
+    let dir = scratch("settings");
+    let path = dir.join("run.safetensors");
+    let saved = TrainConfig { stop_after: Some(2), ..small_run(Some(path.clone())) };
+    run(&saved);
+    let base = TrainConfig { resume: true, stop_after: Some(3), ..saved };
+    // Each setting flipped alone, and the words the refusal must contain.
+    let flipped: Vec<(TrainConfig, &str)> = vec![
+        (TrainConfig { bf16_gradients: true, ..base.clone() }, "grad_dtype: checkpoint f32, this run bf16"),
+        (TrainConfig { zero_stage: 1, ..base.clone() }, "zero_stage: checkpoint 0, this run 1"),
+        (TrainConfig { device: Device::Cuda(0), ..base.clone() }, "device: checkpoint cpu, this run cuda"),
+        (TrainConfig { bucket_cap_mb: 0.2, ..base.clone() }, "bucket_cap_mb: checkpoint 0.1, this run 0.2"),
+        (TrainConfig { accum_steps: 1, ..base.clone() }, "accum_steps: checkpoint 2, this run 1"),
+        (
+            TrainConfig { threads_per_rank: Some(2), ..base.clone() },
+            "threads_per_rank: checkpoint 1, this run 2",
+        ),
+        (TrainConfig { world_size: 3, ..base.clone() }, "world_size: checkpoint 2, this run 3"),
+        (TrainConfig { batch_size: 2, ..base.clone() }, "batch_size: checkpoint 4, this run 2"),
+        (TrainConfig { steps: 13, ..base.clone() }, "steps: checkpoint 12, this run 13"),
+        (TrainConfig { seed: 7, ..base.clone() }, "seed: checkpoint 1337, this run 7"),
+        (TrainConfig { lr: 1e-3, ..base.clone() }, "lr: checkpoint 0.003, this run 0.001"),
+        (TrainConfig { warmup_steps: 2, ..base.clone() }, "warmup_steps: checkpoint 3, this run 2"),
+        (TrainConfig { weight_decay: 0.1, ..base.clone() }, "weight_decay: checkpoint 0, this run 0.1"),
+        (TrainConfig { train_sequences: 48, ..base.clone() }, "train_sequences: checkpoint 40, this run 48"),
+    ];
+    for (config, want) in flipped {
+        let refused = train::train(&config, &|_| {}).map(|_| ()).expect_err(want);
+        let message = format!("{refused:#}");
+        assert!(message.contains(want) && message.contains("other settings"), "{want}: {message}");
+        assert_eq!(message.matches("this run").count(), 1, "only the flipped setting may differ: {message}");
+    }
+    // Control: with nothing flipped, the same checkpoint resumes.
+    assert_eq!(run(&base)[0].last_step, 3);
+    std::fs::remove_dir_all(&dir).ok();
+}
+// ANCHOR_END: settings_test
+
+#[test]
+fn ranks_started_with_different_settings_fail_before_the_first_step() {
+    // A launched job's ranks each parse their own flags: one started with
+    // another --threads (which a machine's core count changes by default)
+    // or another --grad-dtype must stop the job at the start, naming it.
+    type Flip = fn(TrainConfig) -> TrainConfig;
+    let cases: [(Flip, &str); 2] = [
+        (
+            |c| TrainConfig { threads_per_rank: Some(2), ..c },
+            "threads_per_rank is 1 on rank(s) 0, 2 on rank(s) 1",
+        ),
+        (|c| TrainConfig { bf16_gradients: true, ..c }, "grad_dtype is f32 on rank(s) 0, bf16 on rank(s) 1"),
+    ];
+    for (flip, want) in cases {
+        let steps = AtomicUsize::new(0);
+        let count = |event: train::Event| {
+            if let train::Event::Stepped { .. } = event {
+                steps.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        let run = dist::spawn(2, |pg| {
+            let config = if pg.rank() == 1 { flip(small_run(None)) } else { small_run(None) };
+            train::train_rank(pg, &config, &count)
+        });
+        let Err(error) = run else { panic!("{want}: the run succeeded") };
+        for rank in 0..2 {
+            let failure =
+                error.failure_of(rank).unwrap_or_else(|| panic!("rank {rank} did not fail: {error}"));
+            let message = failure.to_string();
+            println!("rank {rank}: {message}");
+            assert!(message.contains(want), "rank {rank}: {message}");
+        }
+        assert_eq!(steps.load(Ordering::SeqCst), 0, "{want}: the run took steps before it failed");
+    }
 }

@@ -64,8 +64,8 @@ pub fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f
     );
     // The run compared every rank's final state before it returned (it fails otherwise).
     println!(
-        "replicas: bitwise equal on all {} rank(s), fingerprint {:#018x} (the final checkpoint's checksum: \
-         weights, optimizer state, progress, settings)",
+        "replicas: bitwise equal on all {} rank(s), fingerprint {:#018x} (of the final state: weights, \
+         optimizer state, progress)",
         config.world_size, rank0.fingerprint
     );
     let eval = rank0.evaluation.expect("rank 0 evaluates");

@@ -194,28 +194,70 @@ impl TrainConfig {
         }
     }
 
-    /// The settings that fix the run's numbers, to the last bit. A checkpoint
-    /// stores them and a resume must match them all; the others (bucket cap,
-    /// log and checkpoint intervals, stop_after) change nothing but speed and
-    /// output: a gradient is summed the same way whatever bucket carries it,
-    /// and whether AdamW is sharded (`zero_stage`: the same operations on
-    /// every element, `cargo test --test train_zero`), so a ZeRO-1
-    /// checkpoint resumes a plain run and the other way round.
+    /// The settings that fix the run's numbers, to the last bit, by name.
+    /// A checkpoint stores them and a resume must match them all; the ranks
+    /// of a run compare them before the first step (`agreement.rs`). The
+    /// others (log and checkpoint intervals, stop_after, the held-out set)
+    /// change what is printed and saved, never a weight.
+    ///
+    /// Some change the bits only on some backends, and are here all the
+    /// same: the bucket cap and the ZeRO stage leave every element's sum in
+    /// rank order on the in-process backend (`cargo test --test train_zero`),
+    /// but NCCL's ring and Open MPI's algorithms split each message into
+    /// chunks whose sums start at different ranks, so on 3 or more ranks
+    /// another bucket layout, or a reduce-scatter in place of an
+    /// all-reduce, rounds differently.
     pub fn settings(&self) -> Vec<(String, Setting)> {
+        // Every field named: a new one does not compile until it is sorted
+        // into what changes the numbers and what does not.
+        let TrainConfig {
+            world_size,
+            batch_size,
+            accum_steps,
+            bucket_cap_mb,
+            steps,
+            seed,
+            lr,
+            warmup_steps,
+            weight_decay,
+            train_sequences,
+            eval_sequences: _,
+            log_every: _,
+            checkpoint: _,
+            checkpoint_every: _,
+            resume: _,
+            stop_after: _,
+            threads_per_rank,
+            device,
+            bf16_gradients,
+            zero_stage,
+        } = self;
         let int = |name: &str, v: usize| (name.to_string(), Setting::Int(v as i64));
         let float = |name: &str, v: f64| (name.to_string(), Setting::Float(v));
+        let text = |name: &str, v: &str| (name.to_string(), Setting::Text(v.to_string()));
+        // libtorch splits sums over its threads: another count rounds
+        // differently. Unset, libtorch's own count, which the cores decide.
+        let threads = threads_per_rank.unwrap_or_else(|| tch::get_num_threads().max(1) as usize);
+        let device = match device {
+            tch::Device::Cuda(_) => "cuda".to_string(), // other kernels; which GPU does not matter
+            other => format!("{other:?}").to_lowercase(),
+        };
         vec![
-            int("world_size", self.world_size),
-            int("batch_size", self.batch_size),
-            int("accum_steps", self.accum_steps),
-            int("steps", self.steps),
-            ("seed".to_string(), Setting::Int(self.seed as i64)),
-            float("lr", self.lr),
-            int("warmup_steps", self.warmup_steps),
-            float("weight_decay", self.weight_decay),
-            int("train_sequences", self.train_sequences),
-            // libtorch splits sums over its threads: another count rounds differently.
-            int("threads_per_rank", self.threads_per_rank.unwrap_or(0)),
+            int("world_size", *world_size),
+            int("batch_size", *batch_size),
+            int("accum_steps", *accum_steps),
+            float("bucket_cap_mb", *bucket_cap_mb),
+            int("steps", *steps),
+            ("seed".to_string(), Setting::Int(*seed as i64)),
+            float("lr", *lr),
+            int("warmup_steps", *warmup_steps),
+            float("weight_decay", *weight_decay),
+            int("train_sequences", *train_sequences),
+            int("threads_per_rank", threads),
+            text("device", &device),
+            // The gradients' dtype on the wire: the comm hook the run registers.
+            text("grad_dtype", if *bf16_gradients { "bf16" } else { "f32" }),
+            int("zero_stage", *zero_stage),
         ]
     }
 

@@ -34,7 +34,7 @@ mod run_optimizer;
 
 pub use crate::ddp::AdamWUpdate; // the AdamW arithmetic, in the library for its ZeRO-1 optimizer
 pub use adamw::AdamW;
-pub use agreement::{check_replicas_agree, ReplicasDiffer};
+pub use agreement::{check_replicas_agree, check_settings_agree, ReplicasDiffer, SettingsDifferAcrossRanks};
 pub use checkpoint::{Checkpoint, CheckpointError, LoopPosition, SaveStep, Setting};
 pub use config::{default_threads_per_rank, ConfigError, TrainConfig};
 #[cfg(feature = "nccl")]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tch::{nn, Kind, Tensor};
 
-use super::agreement::check_replicas_agree;
+use super::agreement::{check_replicas_agree, check_settings_agree};
 use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition};
 use super::config::TrainConfig;
 use super::outcome::{Evaluation, Event, RankOutcome};
@@ -110,6 +110,9 @@ pub fn train_rank(
         tch::set_num_threads(threads as i32); // ranks share the cores: do not oversubscribe them
     }
     let rank = pg.rank();
+    // Ranks that parsed their own flags must agree on every setting that
+    // changes the numbers, before a step can make their replicas drift.
+    check_settings_agree(pg.as_ref(), &config.settings())?;
     // ANCHOR: setup
     let task = TokenTask::standard(config.seed as i64, config.train_sequences as i64);
     let (vs, gpt) = build_model(config, &task);

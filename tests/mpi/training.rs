@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use ddp_workbook::train::{self, Event, TrainConfig};
 
-use crate::harness::launch;
+use crate::harness::{launch, on_ranks};
 
 const STEPS: usize = 16;
 
@@ -125,4 +125,36 @@ fn the_run_on_2_processes_equals_the_in_process_run_and_resumes_after_a_kill() {
         b.len()
     );
     _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ranks_started_with_different_threads_fail_before_the_first_step() {
+    // Each process parses its own flags: here rank 1 has 2 libtorch threads
+    // and rank 0 has 1 (as different core counts would give them by
+    // default). The job must stop before any step, naming the setting.
+    let name = "training::ranks_started_with_different_threads_fail_before_the_first_step";
+    on_ranks(2, name, |pg| {
+        let rank = pg.rank();
+        let config = TrainConfig {
+            steps: 4,
+            train_sequences: 64,
+            warmup_steps: 1,
+            threads_per_rank: Some(rank + 1),
+            ..TrainConfig::default()
+        };
+        let stepped = std::sync::atomic::AtomicBool::new(false);
+        let run = train::train_as_process(pg, &config, &|event| {
+            if let Event::Stepped { .. } = event {
+                stepped.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let Err(error) = run else {
+            anyhow::bail!("rank {rank}: ranks with 1 and 2 threads trained to the end")
+        };
+        let message = format!("{error:#}");
+        let want = "threads_per_rank is 1 on rank(s) 0, 2 on rank(s) 1";
+        anyhow::ensure!(message.contains(want), "rank {rank}: no \"{want}\" in: {message}");
+        anyhow::ensure!(!stepped.into_inner(), "rank {rank}: the run took a step before it failed");
+        Ok(())
+    });
 }

@@ -19,11 +19,13 @@ pub struct LoopPosition {
     pub position: i64,
 }
 
-/// One value of a run setting, as the checkpoint stores it.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One value of a run setting, as the checkpoint stores it: a number, or a
+/// word (a device, a dtype), stored as its UTF-8 bytes.
+#[derive(Clone, Debug, PartialEq)]
 pub enum Setting {
     Int(i64),
     Float(f64),
+    Text(String),
 }
 
 impl fmt::Display for Setting {
@@ -31,6 +33,7 @@ impl fmt::Display for Setting {
         match self {
             Setting::Int(value) => write!(f, "{value}"),
             Setting::Float(value) => write!(f, "{value}"),
+            Setting::Text(value) => write!(f, "{value}"),
         }
     }
 }
@@ -121,9 +124,10 @@ fn entries(checkpoint: &Checkpoint) -> Vec<Named> {
         tensors.push((format!("train.{name}"), Tensor::from_slice(&[value])));
     }
     for (name, setting) in &checkpoint.settings {
-        let value = match *setting {
-            Setting::Int(v) => Tensor::from_slice(&[v]),
-            Setting::Float(v) => Tensor::from_slice(&[v]),
+        let value = match setting {
+            Setting::Int(v) => Tensor::from_slice(&[*v]),
+            Setting::Float(v) => Tensor::from_slice(&[*v]),
+            Setting::Text(v) => Tensor::from_slice(v.as_bytes()),
         };
         tensors.push((format!("run.{name}"), value));
     }
@@ -137,12 +141,15 @@ pub(super) fn contents(checkpoint: &Checkpoint) -> Vec<Named> {
     entries(checkpoint).into_iter().map(on_cpu).collect()
 }
 
-/// The checksum that a checkpoint file of `checkpoint` stores
-/// (`train.checksum`): a fingerprint of the weights, the optimizer state,
-/// the progress and the settings. Two runs whose final checkpoints have the
-/// same fingerprint ended in the same state, to the last bit.
+/// A fingerprint of the state in `checkpoint`: its weights, optimizer state
+/// and progress, the same hash as the file's checksum but without the
+/// settings. Two runs whose final states have the same fingerprint ended
+/// in the same state, to the last bit, whatever settings got them there (a
+/// ZeRO-1 run and a plain one can); the ranks of one run compare their
+/// settings separately, before the first step.
 pub fn fingerprint(checkpoint: &Checkpoint) -> i64 {
-    checksum(&contents(checkpoint))
+    let state = contents(checkpoint).into_iter().filter(|(name, _)| !name.starts_with("run."));
+    checksum(&state.collect::<Vec<_>>())
 }
 
 /// FNV-1a, 64 bits, over every tensor's name, dtype, shape and bytes, in
@@ -219,6 +226,13 @@ pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointErr
         } else if let Some(rest) = name.strip_prefix("run.") {
             let setting = match tensor.kind() {
                 Kind::Double if tensor.numel() == 1 => Setting::Float(tensor.double_value(&[0])),
+                Kind::Uint8 => {
+                    let bytes =
+                        Vec::<u8>::try_from(&tensor).map_err(|e| invalid(format!("`{name}`: {e}")))?;
+                    let text =
+                        String::from_utf8(bytes).map_err(|_| invalid(format!("`{name}` is not UTF-8")))?;
+                    Setting::Text(text)
+                }
                 _ => Setting::Int(
                     int_value(&tensor).ok_or_else(|| invalid(format!("`{name}` is not a number")))?,
                 ),
