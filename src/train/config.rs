@@ -137,6 +137,14 @@ impl TrainConfig {
     /// Checks every setting, and on `resume` the checkpoint file (it exists,
     /// is intact, and was written with these settings).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_reading(true)
+    }
+
+    /// [`validate`](Self::validate); with `read_checkpoint` false, on
+    /// `resume` only that the file exists: for a caller that reads and
+    /// checks it next anyway (a launched job's rank 0, `resume.rs`), so that
+    /// the file is read once.
+    pub(super) fn validate_reading(&self, read_checkpoint: bool) -> Result<(), ConfigError> {
         for (name, value) in [
             ("world_size", self.world_size),
             ("batch_size", self.batch_size),
@@ -183,8 +191,10 @@ impl TrainConfig {
             None if self.resume => Err(ConfigError::NoCheckpointPath("--resume")),
             None if self.checkpoint_every > 0 => Err(ConfigError::NoCheckpointPath("--checkpoint-every")),
             Some(path) => {
-                if self.resume {
+                if self.resume && read_checkpoint {
                     self.fits(&checkpoint::load(path)?, path)?;
+                } else if self.resume && !path.is_file() {
+                    return Err(CheckpointError::Missing { path: path.to_path_buf() }.into());
                 }
                 // Found now, not after the whole run has trained.
                 checkpoint::check_writable(path)?;

@@ -69,12 +69,14 @@ pub(super) fn load_on_rank0(
 }
 
 /// [`TrainConfig::validate`] for a rank of a launched job: the settings on
-/// every rank, the checkpoint file (readable on `--resume`, writable) on
-/// rank 0 only, whose verdict every rank returns.
+/// every rank, the checkpoint file (there on `--resume`, writable) on rank 0
+/// only, whose verdict every rank returns. Its contents are read and
+/// checked once, by [`load_on_rank0`], before the first step.
 pub(super) fn validate_as_process(pg: &dyn ProcessGroup, config: &TrainConfig) -> anyhow::Result<()> {
     let settings_only =
         TrainConfig { checkpoint: None, checkpoint_every: 0, resume: false, ..config.clone() };
     settings_only.validate()?; // the same settings everywhere: every rank refuses alike
-    from_rank0(pg, || config.validate().map(|()| Vec::new()).map_err(|e| e.to_string()))?;
+    let checked = || config.validate_reading(false).map(|()| Vec::new()).map_err(|e| e.to_string());
+    from_rank0(pg, checked)?;
     Ok(())
 }
