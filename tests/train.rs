@@ -1,9 +1,12 @@
 //! Tests of the real training run (`src/train/`): the hand-written AdamW
 //! against libtorch's, exact resume from a checkpoint (with controls that
 //! show what breaks it), the checkpoint file itself, bad settings, that a
-//! short run learns, and that a run whose gradients are never averaged
-//! fails its end-of-run replica check. Run: `cargo test --test train`
-//! (add `-- --nocapture` to see the measured numbers).
+//! short run learns, that a run whose gradients are never averaged fails
+//! its replica check, that a failed check leaves no checkpoint a restart
+//! could resume from, and that a resume, and the ranks before their first
+//! step, refuse every setting that changes the numbers when it differs.
+//! Run: `cargo test --test train` (add `-- --nocapture` to see the
+//! measured numbers).
 
 mod common;
 
@@ -430,7 +433,6 @@ fn a_checkpoint_of_a_finished_run_is_refused_not_resumed() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-// ANCHOR: settings_test
 #[test]
 fn a_resume_refuses_every_setting_that_changes_the_numbers() {
     let dir = scratch("settings");
@@ -468,7 +470,6 @@ fn a_resume_refuses_every_setting_that_changes_the_numbers() {
     assert_eq!(run(&base)[0].last_step, 3);
     std::fs::remove_dir_all(&dir).ok();
 }
-// ANCHOR_END: settings_test
 
 #[test]
 fn ranks_started_with_different_settings_fail_before_the_first_step() {
