@@ -15,7 +15,8 @@
 //!   (checked first, atomically, the previous one kept);
 //! - `resume.rs`: on `--resume`, rank 0 reads it and the others receive it;
 //! - `outcome.rs`: what rank 0 reports while it trains, what every rank returns;
-//! - `agreement.rs`: the last check, that every rank ended in the same state;
+//! - `agreement.rs`: that every rank starts with the same settings, and
+//!   holds the same state before each checkpoint and at the end;
 //! - `phases.rs`: where the steps spend their time.
 
 use crate::dist::{spawn, SpawnError};
