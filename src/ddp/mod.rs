@@ -42,7 +42,7 @@ mod wrapper;
 mod zero;
 
 pub use crate::models::Named;
-pub use adamw_update::AdamWUpdate;
+pub use adamw_update::{param_steps, AdamWUpdate};
 pub use reducer::{
     agree_on_order, bf16_compress_hook, bf16_compress_hook_pytorch_order, check_plan, layout_fingerprint,
     mark_ready, plan_buckets, replanned, sync_bucket, Bucket, BucketCaps, BucketProgress, BucketingError,
@@ -60,5 +60,5 @@ pub use wrapper::accumulation::{
 };
 pub use wrapper::no_sync::{NoSyncGuard, SyncSwitch};
 pub use wrapper::step::{train_step, train_step_with};
-pub use wrapper::{SimpleDistributedDataParallelism, StepOptimizer};
+pub use wrapper::{SimpleDistributedDataParallelism, StepOptimizer, UnusedParameters};
 pub use zero::{shard_of, step_bucket, Shard, ShardedAdamW, ShardedBucket};

@@ -5,20 +5,23 @@
 //! `cargo test --test train`.
 //!
 //! The update is PyTorch's `torch.optim.AdamW` (Loshchilov and Hutter,
-//! "Decoupled Weight Decay Regularization", 2019), written with the same
-//! operations in the same order as libtorch's C++ Adam; the two agree to
-//! about 1e-14 in f64 (libtorch computes `a + alpha * b` in one kernel, we
-//! in two, and the roundings can differ). With `weight_decay = 0` it is
-//! plain Adam.
+//! "Decoupled Weight Decay Regularization", 2019), with the operations of
+//! its single-tensor path (`foreach=False`) in the same order: in f64 the
+//! same bits as PyTorch's (`cargo test --test torch_oracle adamw`), and
+//! about 1e-14 from libtorch's C++ Adam, which orders them otherwise. With
+//! `weight_decay = 0` it is plain Adam. As in PyTorch, a parameter that got
+//! no gradient in a step is not stepped, and each parameter counts its own
+//! steps for the bias correction.
 
-use crate::ddp::{AdamWUpdate, Named};
+use crate::ddp::{param_steps, AdamWUpdate, Named};
 use tch::{TchError, Tensor};
 
 // ANCHOR: adamw
-/// AdamW over a fixed list of named parameters. Its whole state is
-/// [`step`](Self::step) and two tensors per parameter, the running means of
-/// the gradient and of its square, available by name through
-/// [`state`](Self::state) and [`load_state`](Self::load_state).
+/// AdamW over a fixed list of named parameters. Its whole state is, per
+/// parameter, its step count and two tensors, the running means of the
+/// gradient and of its square, and the optimizer's own step count,
+/// available by name through [`state`](Self::state) and
+/// [`load_state`](Self::load_state).
 ///
 /// For speed it keeps everything flat: [`new`](Self::new) lays the
 /// parameters of each dtype out in one buffer (each parameter becomes a view
@@ -39,8 +42,15 @@ pub struct AdamW {
     params: Vec<Named>,
     /// The flat buffers, one group per dtype and device.
     groups: Vec<FlatGroup>,
-    /// Steps taken so far; the bias correction depends on it.
+    /// Steps taken so far.
     step: i64,
+    /// Per parameter, the steps that updated it (PyTorch's `state["step"]`):
+    /// its bias correction depends on it. Behind `step` for a parameter that
+    /// got no gradient in some steps.
+    param_steps: Vec<i64>,
+    /// The parameters to leave out of the next step, by index: the ones the
+    /// DDP wrapper said got no gradient ([`skip_unused`](crate::ddp::StepOptimizer::skip_unused)).
+    skip_next: Vec<bool>,
 }
 
 /// The parameters of one dtype and device, and their state, each as one flat
@@ -80,7 +90,19 @@ impl AdamW {
                 FlatGroup::lay_out(&mut params, members)
             })
             .collect();
-        AdamW { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, params, groups, step: 0 }
+        let (param_steps, skip_next) = (vec![0; params.len()], vec![false; params.len()]);
+        AdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            params,
+            groups,
+            step: 0,
+            param_steps,
+            skip_next,
+        }
     }
 
     /// Forgets every gradient: the next `backward` starts from nothing.
@@ -90,31 +112,56 @@ impl AdamW {
         }
     }
 
-    /// One update of every parameter that has a gradient.
+    /// One update of every parameter that has a gradient, but those the
+    /// DDP wrapper said got none in this step: as PyTorch's AdamW, which
+    /// skips a parameter whose `.grad` is `None`.
     pub fn step(&mut self) -> Result<(), TchError> {
         self.step += 1;
-        let adamw = self.update_at(self.step);
-        let update = |p: &mut Tensor, g: &Tensor, m: &mut Tensor, v: &mut Tensor| adamw.apply(p, g, m, v);
+        let skip = std::mem::replace(&mut self.skip_next, vec![false; self.params.len()]);
+        let settings = self.update_at(0);
         tch::no_grad(|| {
             for group in &mut self.groups {
                 let grads: Vec<Tensor> = group.members.iter().map(|&i| self.params[i].1.grad()).collect();
-                if grads.iter().all(Tensor::defined) {
-                    // Every member has a gradient: one flat update.
+                let stepped: Vec<bool> =
+                    group.members.iter().zip(&grads).map(|(&i, g)| g.defined() && !skip[i]).collect();
+                let first_step = self.param_steps[group.members[0]];
+                if stepped.iter().all(|&s| s)
+                    && group.members.iter().all(|&i| self.param_steps[i] == first_step)
+                {
+                    // Every member is stepped, each at the same count: one flat update.
                     for (slot, grad) in group.grad_slots.iter_mut().zip(&grads) {
                         slot.f_copy_(grad)?; // gathered into this group's own flat buffer
                     }
-                    update(&mut group.param, &group.grad, &mut group.exp_avg, &mut group.exp_avg_sq)?;
+                    group.members.iter().for_each(|&i| self.param_steps[i] += 1);
+                    let adamw = AdamWUpdate { step: first_step + 1, ..settings };
+                    adamw.apply(&mut group.param, &group.grad, &mut group.exp_avg, &mut group.exp_avg_sq)?;
                     continue;
                 }
-                // Some parameter took no part in this step's loss: it gets no
-                // update, as in PyTorch; the others are updated one by one.
-                for (k, grad) in grads.iter().enumerate().filter(|(_, g)| g.defined()) {
-                    let mut param = self.params[group.members[k]].1.shallow_clone();
-                    update(&mut param, grad, &mut group.exp_avg_slots[k], &mut group.exp_avg_sq_slots[k])?;
+                // Some member got no gradient in this step (it gets no
+                // update), or did in fewer steps than the others (its bias
+                // correction differs): one by one.
+                for (k, grad) in grads.iter().enumerate().filter(|&(k, _)| stepped[k]) {
+                    let i = group.members[k];
+                    self.param_steps[i] += 1;
+                    let adamw = AdamWUpdate { step: self.param_steps[i], ..settings };
+                    let mut param = self.params[i].1.shallow_clone();
+                    adamw.apply(
+                        &mut param,
+                        grad,
+                        &mut group.exp_avg_slots[k],
+                        &mut group.exp_avg_sq_slots[k],
+                    )?;
                 }
             }
             Ok(())
         })
+    }
+
+    /// Leaves these parameters (by name) out of the next [`step`](Self::step).
+    pub fn skip_in_next_step(&mut self, names: &[String]) {
+        for (skip, (name, _)) in self.skip_next.iter_mut().zip(&self.params) {
+            *skip = *skip || names.contains(name);
+        }
     }
 }
 // ANCHOR_END: adamw
@@ -127,6 +174,14 @@ impl crate::ddp::StepOptimizer for AdamW {
 
     fn step(&mut self) -> Result<(), TchError> {
         AdamW::step(self)
+    }
+
+    /// Plain AdamW steps gradients the wrapper has averaged: either list
+    /// is the same on every rank then.
+    fn skip_unused(&mut self, unused: &crate::ddp::UnusedParameters) {
+        let (crate::ddp::UnusedParameters::OnEveryRank(names)
+        | crate::ddp::UnusedParameters::OnThisRank(names)) = unused;
+        self.skip_in_next_step(names);
     }
 }
 
@@ -178,14 +233,16 @@ impl AdamW {
         unreachable!("every parameter belongs to one group")
     }
 
-    /// The state to checkpoint: `exp_avg.<name>` and `exp_avg_sq.<name>` for
-    /// every parameter (detached copies), and the step count as `step`.
+    /// The state to checkpoint: `exp_avg.<name>`, `exp_avg_sq.<name>` and
+    /// `step.<name>` for every parameter (detached copies), and the
+    /// optimizer's step count as `step`.
     pub fn state(&self) -> Vec<Named> {
         let mut state = vec![("step".to_string(), Tensor::from_slice(&[self.step]))];
         for (i, (name, _)) in self.params.iter().enumerate() {
             let (m, v) = self.moments_of(i);
             state.push((format!("exp_avg.{name}"), m.copy()));
             state.push((format!("exp_avg_sq.{name}"), v.copy()));
+            state.push((format!("step.{name}"), Tensor::from_slice(&[self.param_steps[i]])));
         }
         state
     }
@@ -215,6 +272,8 @@ impl AdamW {
             }
             moment.copy_(saved);
         }
+        let names: Vec<String> = self.params.iter().map(|(name, _)| name.clone()).collect();
+        self.param_steps = param_steps(state, &names, step)?;
         self.step = step;
         Ok(())
     }

@@ -8,7 +8,9 @@ use tch::TchError;
 
 use super::adamw::AdamW;
 use super::config::TrainConfig;
-use crate::ddp::{BucketCaps, Named, ShardedAdamW, SimpleDistributedDataParallelism, StepOptimizer};
+use crate::ddp::{
+    BucketCaps, Named, ShardedAdamW, SimpleDistributedDataParallelism, StepOptimizer, UnusedParameters,
+};
 use crate::dist::DistError;
 use crate::models::Gpt;
 
@@ -87,6 +89,13 @@ impl StepOptimizer for RunOptimizer {
         match self {
             RunOptimizer::Plain(adamw) => StepOptimizer::step(adamw),
             RunOptimizer::Sharded(sharded) => StepOptimizer::step(sharded),
+        }
+    }
+
+    fn skip_unused(&mut self, unused: &UnusedParameters) {
+        match self {
+            RunOptimizer::Plain(adamw) => adamw.skip_unused(unused),
+            RunOptimizer::Sharded(sharded) => sharded.skip_unused(unused),
         }
     }
 }

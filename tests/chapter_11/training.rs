@@ -166,7 +166,7 @@ pub(super) fn train_ddp(world_size: usize) -> Vec<RankRun> {
             optimizer.step()?;
             after_each_step.push(snapshot(model.parameters()));
         }
-        let moments = optimizer.state().into_iter().filter(|(name, _)| name != "step");
+        let moments = optimizer.state().into_iter().filter(|(name, _)| name.starts_with("exp_avg"));
         let moment_bytes = moments.map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum();
         Ok(RankRun { after_each_step, moment_bytes, sync_stats, sync_calls })
     })

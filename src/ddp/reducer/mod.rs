@@ -63,6 +63,11 @@ pub struct StepRecord {
     pub ready_order: Vec<usize>,
     /// When backward had returned and the sync's end began.
     pub backward_ended: Option<Instant>,
+    /// With `find_unused_parameters`: the parameters that got no gradient
+    /// on any rank in any backward since the sync before (PyTorch leaves
+    /// their `.grad` as it was, `None` after its `zero_grad`, and its
+    /// optimizers skip them). Every rank has the same list.
+    pub no_gradient: Vec<usize>,
 }
 
 /// A model's gradient buckets, whose all-reduces leave during backward as
@@ -103,6 +108,7 @@ impl Reducer {
             tag: String::new(),
             record: StepRecord::default(),
             replan_pending: true,
+            used: vec![false; params.len()],
             error: None,
             interrupted: false,
         }));
@@ -110,6 +116,7 @@ impl Reducer {
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
         let hooks = GradReadyHooks::register(&tensors, move |i| {
             let mut state = for_hooks.lock().unwrap_or_else(|p| p.into_inner());
+            state.used[i] = true; // under no_sync too: the sync after it counts it
             if state.armed {
                 state.mark(i);
             }
@@ -182,15 +189,18 @@ impl Reducer {
         let SyncState { progress, buckets, .. } = &mut *p;
         progress.reset(buckets.layout());
         result?;
+        let n = p.params.len();
+        let used = std::mem::replace(&mut p.used, vec![false; n]);
         let this_rank = EndOfBackward {
             unused: &unused,
+            used: &used,
             backward_failed: backward.is_err(),
             find_unused_parameters,
             tag: &p.tag,
         };
         let checked = end_of_backward_check(&p.buckets, pg.as_ref(), &p.params, this_rank);
         backward?; // this rank's own error says more than the check's
-        checked?;
+        p.record.no_gradient = checked?;
         if !std::mem::replace(&mut p.replan_pending, false) {
             return Ok(());
         }
@@ -214,6 +224,17 @@ impl Reducer {
             present.into_iter().for_each(|i| p.mark(i));
         }
         self.finish(find_unused_parameters, Ok(()))
+    }
+
+    /// The parameters whose gradient-ready hook has not fired on this
+    /// rank since the last synced backward (under `no_sync`, the ones this
+    /// rank has given no gradient so far), and forgets what it saw: the
+    /// next call counts from here.
+    pub fn take_unused_here(&self) -> Vec<usize> {
+        let mut p = self.lock();
+        let n = p.params.len();
+        let used = std::mem::replace(&mut p.used, vec![false; n]);
+        (0..used.len()).filter(|&i| !used[i]).collect()
     }
 
     /// The last synced backward, as it happened.
@@ -262,6 +283,9 @@ struct SyncState {
     record: StepRecord,
     /// Whether the buckets are still to be re-planned after a first step.
     replan_pending: bool,
+    /// Per parameter: whether its hook fired since the last synced
+    /// backward, in a `no_sync` backward or the synced one.
+    used: Vec<bool>,
     /// The first error met during backward; reported by `finish`.
     error: Option<DistError>,
     /// Set while a step runs; still set if it panicked, and then the hooks
@@ -314,6 +338,9 @@ impl SyncState {
 struct EndOfBackward<'a> {
     /// The parameters whose gradient-ready hook did not fire here.
     unused: &'a [usize],
+    /// Per parameter: whether its hook fired here since the last sync
+    /// (also in a `no_sync` backward).
+    used: &'a [bool],
     /// Whether this rank's `loss.backward()` returned an error.
     backward_failed: bool,
     find_unused_parameters: bool,
@@ -335,21 +362,25 @@ struct EndOfBackward<'a> {
 /// does a parameter without a gradient unless unused parameters were
 /// expected. When they were, a parameter that this rank did not use but
 /// another did gets the averaged gradient here too, so that every replica
-/// takes the same step.
+/// takes the same step. Returns the parameters that no rank gave a
+/// gradient since the last sync ([`StepRecord::no_gradient`]).
 fn end_of_backward_check(
     buckets: &GradientBuckets,
     pg: &dyn ProcessGroup,
     params: &[Named],
     this_rank: EndOfBackward<'_>,
-) -> Result<(), DistError> {
+) -> Result<Vec<usize>, DistError> {
     let (n, world) = (params.len() as i64, pg.world_size() as i64);
     // On the parameters' device: a GPU backend moves GPU tensors only.
     let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
     let mut flags = Tensor::zeros([2 * n + world], (tch::Kind::Int, device));
-    let _ = flags.narrow(0, n, n).fill_(1); // used here, until marked unused below
+    let _ = flags.narrow(0, n, n).fill_(1); // used here, unless marked unused below
     for &i in this_rank.unused {
         let _ = flags.get(i as i64).fill_(1);
-        let _ = flags.get(n + i as i64).fill_(0);
+        if !this_rank.used[i] {
+            // Not in this backward, nor in a no_sync one since the last sync.
+            let _ = flags.get(n + i as i64).fill_(0);
+        }
     }
     if this_rank.backward_failed {
         let _ = flags.get(2 * n + pg.rank() as i64).fill_(1);
@@ -372,7 +403,7 @@ fn end_of_backward_check(
     }
     let unused_anywhere: Vec<usize> = (0..params.len()).filter(|&i| unused_somewhere[i] != 0).collect();
     if unused_anywhere.is_empty() {
-        return Ok(());
+        return Ok(vec![]);
     }
     if !this_rank.find_unused_parameters {
         let names: Vec<&str> = unused_anywhere.iter().map(|&i| params[i].0.as_str()).collect();
@@ -393,5 +424,5 @@ fn end_of_backward_check(
             buckets.install(pg, i, params)?; // its slot holds the others' average
         }
     }
-    Ok(())
+    Ok((0..params.len()).filter(|&i| used_somewhere[i] == 0).collect())
 }

@@ -40,6 +40,30 @@ pub trait StepOptimizer {
     fn zero_grad(&mut self);
     /// Updates every parameter that has a gradient.
     fn step(&mut self) -> Result<(), TchError>;
+    /// With `find_unused_parameters`, called before each `step` by
+    /// [`optimizer_step`](SimpleDistributedDataParallelism::optimizer_step):
+    /// the parameters (by name) that got no gradient in this step. PyTorch's
+    /// DDP leaves such a parameter's `.grad` as `zero_grad` left it, `None`,
+    /// and its optimizers skip it: no momentum, no weight decay, and its
+    /// step count (the bias correction's) does not advance. Here gradients
+    /// live in the buckets and `zero_grad` zeroes them, so the wrapper says
+    /// which. The default ignores it (tch's optimizers cannot skip a
+    /// parameter: they step it on a zero gradient).
+    fn skip_unused(&mut self, unused: &UnusedParameters) {
+        let _ = unused;
+    }
+}
+
+/// Which parameters got no gradient in a step, by name, as
+/// [`StepOptimizer::skip_unused`] hears it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum UnusedParameters {
+    /// No rank gave them a gradient: the ranks agreed at the gradient sync.
+    OnEveryRank(Vec<String>),
+    /// This rank gave them none; no sync ran since the last step (ZeRO-1,
+    /// whose step averages the gradients), so the optimizer must ask the
+    /// other ranks before it skips one.
+    OnThisRank(Vec<String>),
 }
 
 // ANCHOR: wrapper
@@ -145,7 +169,22 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// `optimizer.step()` on the averaged gradients, after the last
     /// micro-batch's backward, with a libtorch error named as this rank's.
     /// [`train_step`](step::train_step) calls it.
+    /// With `find_unused_parameters`, it first tells the optimizer which
+    /// parameters got no gradient ([`StepOptimizer::skip_unused`]).
     pub fn optimizer_step<O: StepOptimizer>(&self, optimizer: &mut O) -> Result<(), DistError> {
+        if self.find_unused {
+            let names = |indices: Vec<usize>| -> Vec<String> {
+                indices.into_iter().map(|i| self.parameters()[i].0.clone()).collect()
+            };
+            let unused_here = names(self.reducer.take_unused_here());
+            let unused = if self.backwards_since_sync.get() == 0 {
+                // The last backward synced: the ranks agreed on the list.
+                UnusedParameters::OnEveryRank(names(self.reducer.last_step().no_gradient))
+            } else {
+                UnusedParameters::OnThisRank(unused_here)
+            };
+            optimizer.skip_unused(&unused);
+        }
         let op = "optimizer.step()".to_string();
         optimizer.step().map_err(|cause| DistError::Torch { rank: self.rank(), op, cause })
     }
@@ -168,10 +207,14 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
     /// PyTorch's `find_unused_parameters=True`: a parameter that gets no
     /// gradient in a step (on some rank, or on all) is not an error; its
     /// bucket leaves with zeros in its slot at the end of backward, a rank
-    /// that did not use it gets the others' average, and a parameter no
-    /// rank used keeps no gradient (the optimizer skips it). Off by
-    /// default, as in PyTorch: then such a parameter fails the step on
-    /// every rank, by name. Set it the same on every rank.
+    /// that did not use it gets the others' average. A parameter no rank
+    /// used keeps a zero gradient here (gradients live in the buckets), but
+    /// [`optimizer_step`](Self::optimizer_step) names it to the optimizer
+    /// ([`StepOptimizer::skip_unused`]): the workbook's AdamW and
+    /// `ShardedAdamW` then leave it as PyTorch's AdamW leaves a parameter
+    /// whose gradient is `None` (tch's optimizers cannot, and step it on
+    /// zeros). Off by default, as in PyTorch: then such a parameter fails
+    /// the step on every rank, by name. Set it the same on every rank.
     pub fn find_unused_parameters(mut self, on: bool) -> Self {
         self.find_unused = on;
         self

@@ -25,10 +25,10 @@ use tch::{TchError, Tensor};
 
 pub use shards::{shard_of, step_bucket, Shard, ShardedBucket};
 
-use crate::ddp::adamw_update::AdamWUpdate;
+use crate::ddp::adamw_update::{param_steps, AdamWUpdate};
 use crate::ddp::reducer::{plan_buckets, BucketCaps, ParamMeta};
-use crate::ddp::wrapper::StepOptimizer;
-use crate::dist::{torch_error, DistError, Group, ProcessGroup};
+use crate::ddp::wrapper::{StepOptimizer, UnusedParameters};
+use crate::dist::{torch_error, DistError, Group, ProcessGroup, ReduceOp};
 use crate::models::Named;
 
 /// The two functions a [`ShardedAdamW`] runs: the library's ([`shard_of`],
@@ -56,6 +56,12 @@ pub struct ShardedAdamW {
     params: Vec<Named>,
     buckets: Vec<ShardedBucket>,
     step: i64,
+    /// Per parameter, the steps that updated it (PyTorch's `state["step"]`,
+    /// which its bias correction reads): behind `step` for a parameter that
+    /// got no gradient in some steps.
+    param_steps: Vec<i64>,
+    /// What the DDP wrapper said about the next step's unused parameters.
+    unused: Option<UnusedParameters>,
     /// Whose `shard_of` and `step_bucket` run: the library's, or chapter 11's.
     steps: ZeroSteps,
 }
@@ -100,25 +106,52 @@ impl ShardedAdamW {
             buckets.push(lay_out(pg.as_ref(), &mut params, bucket.params, bucket.numel, shard)?);
         }
         let (beta1, beta2, eps) = (0.9, 0.999, 1e-8);
-        Ok(ShardedAdamW { lr, beta1, beta2, eps, weight_decay, pg, params, buckets, step: 0, steps })
+        let param_steps = vec![0; params.len()];
+        Ok(ShardedAdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            pg,
+            params,
+            buckets,
+            step: 0,
+            param_steps,
+            unused: None,
+            steps,
+        })
     }
 
     // ANCHOR: step
     /// One step on every rank: each bucket's gradients go into its padded
     /// buffer, then `step_bucket` reduce-scatters them, steps this rank's
     /// shard and all-gathers the parameters. Every parameter must have a
-    /// gradient (ZeRO-1 here has no "unused parameter" path).
+    /// gradient, unless the DDP wrapper (with `find_unused_parameters`) said
+    /// which got none: those no rank gave one are not stepped, as in
+    /// PyTorch's `ZeroRedundancyOptimizer`.
     pub fn step(&mut self) -> Result<(), DistError> {
+        let told = self.unused.is_some();
+        let stepped = self.stepped_this_step()?;
         let pg = self.pg.as_ref();
         for bucket in &mut self.buckets {
             let mut offset = 0;
             for &i in &bucket.members {
                 let (name, param) = &self.params[i];
-                let grad = param.grad();
+                let (grad, numel) = (param.grad(), param.numel() as i64);
+                let mut slot = bucket.grad.narrow(0, offset, numel);
+                offset += numel;
+                if !grad.defined() && told {
+                    // No gradient here: zeros in the sum (another rank may have one).
+                    let _ = tch::no_grad(|| slot.f_zero_())
+                        .map_err(torch_error(pg, "zeroing a missing gradient"))?;
+                    continue;
+                }
                 if !grad.defined() {
                     let detail = format!(
                         "parameter `{name}` has no gradient; every parameter must take part in the \
-                         loss (call backward first), or leave it out of the optimizer"
+                         loss (call backward first), or leave it out of the optimizer, or step through \
+                         a DDP wrapper with find_unused_parameters"
                     );
                     return Err(DistError::Invalid {
                         rank: pg.rank(),
@@ -126,19 +159,56 @@ impl ShardedAdamW {
                         detail,
                     });
                 }
-                let numel = grad.numel() as i64;
-                let mut slot = bucket.grad.narrow(0, offset, numel);
                 tch::no_grad(|| slot.f_copy_(&grad.reshape([-1])))
                     .map_err(torch_error(pg, format!("copying the gradient of `{name}` into its bucket")))?;
-                offset += numel;
             }
         }
         self.step += 1;
-        let update = self.update();
+        let settings = self.update(0);
         for bucket in &mut self.buckets {
-            (self.steps.step_bucket)(pg, bucket, &update)?;
+            let counts: Vec<Option<i64>> =
+                bucket.members.iter().map(|&i| stepped[i].then(|| self.param_steps[i] + 1)).collect();
+            match counts[0] {
+                Some(count) if counts.iter().all(|&c| c == Some(count)) => {
+                    (self.steps.step_bucket)(pg, bucket, &AdamWUpdate { step: count, ..settings })?;
+                }
+                _ => {
+                    // A member without a gradient, or with fewer steps than
+                    // the others: PyTorch steps each parameter on its own count.
+                    let numels: Vec<i64> =
+                        bucket.members.iter().map(|&i| self.params[i].1.numel() as i64).collect();
+                    step_bucket_per_parameter(pg, bucket, &numels, &counts, &settings)?;
+                }
+            }
+        }
+        for (count, &stepped) in self.param_steps.iter_mut().zip(&stepped) {
+            *count += stepped as i64;
         }
         Ok(())
+    }
+    // ANCHOR_END: step
+
+    /// Per parameter, whether the step updates it: every one, unless the
+    /// wrapper named unused ones. Named on this rank only (no sync ran),
+    /// the ranks agree first (a MAX all-reduce of "used here").
+    fn stepped_this_step(&mut self) -> Result<Vec<bool>, DistError> {
+        let pg = self.pg.as_ref();
+        let unused_here = |names: &[String]| -> Vec<bool> {
+            self.params.iter().map(|(name, _)| !names.contains(name)).collect()
+        };
+        match self.unused.take() {
+            None => Ok(vec![true; self.params.len()]),
+            Some(UnusedParameters::OnEveryRank(names)) => Ok(unused_here(&names)),
+            Some(UnusedParameters::OnThisRank(names)) => {
+                let used: Vec<i32> = unused_here(&names).into_iter().map(i32::from).collect();
+                let device = self.buckets.first().map_or(tch::Device::Cpu, |b| b.param.device());
+                let mut flags = Tensor::from_slice(&used).to_device(device);
+                pg.all_reduce(&mut flags, ReduceOp::Max)?;
+                let flags = Vec::<i32>::try_from(flags.to_device(tch::Device::Cpu))
+                    .map_err(torch_error(pg, "reading which parameters some rank used"))?;
+                Ok(flags.into_iter().map(|f| f != 0).collect())
+            }
+        }
     }
     // ANCHOR_END: step
 
@@ -149,11 +219,11 @@ impl ShardedAdamW {
         }
     }
 
-    /// The settings of the step just counted, as [`AdamWUpdate`] takes them.
-    fn update(&self) -> AdamWUpdate {
+    /// The settings, for a parameter's `step`-th update, as [`AdamWUpdate`] takes them.
+    fn update(&self, step: i64) -> AdamWUpdate {
         let (lr, beta1, beta2, eps, weight_decay) =
             (self.lr, self.beta1, self.beta2, self.eps, self.weight_decay);
-        AdamWUpdate { lr, beta1, beta2, eps, weight_decay, step: self.step }
+        AdamWUpdate { lr, beta1, beta2, eps, weight_decay, step }
     }
 
     /// The buckets, in the order they are stepped.
@@ -174,12 +244,16 @@ impl ShardedAdamW {
     }
 
     // ANCHOR: gather
-    /// The whole optimizer state, on every rank: `step`, and `exp_avg.<name>`
-    /// and `exp_avg_sq.<name>` for every parameter, in its shape (what
-    /// `AdamW::state` returns). A collective: every rank must call it.
+    /// The whole optimizer state, on every rank: `step`, and `exp_avg.<name>`,
+    /// `exp_avg_sq.<name>` (in the parameter's shape) and `step.<name>` for
+    /// every parameter (what `AdamW::state` returns). A collective: every
+    /// rank must call it.
     pub fn gathered_state(&self) -> Result<Vec<Named>, DistError> {
         let pg = self.pg.as_ref();
         let mut state = vec![("step".to_string(), Tensor::from_slice(&[self.step]))];
+        for ((name, _), count) in self.params.iter().zip(&self.param_steps) {
+            state.push((format!("step.{name}"), Tensor::from_slice(&[*count])));
+        }
         for bucket in &self.buckets {
             for (prefix, shard) in [("exp_avg", &bucket.exp_avg), ("exp_avg_sq", &bucket.exp_avg_sq)] {
                 let shards = pg.all_gather(shard)?; // world_size x [len], in rank order
@@ -239,6 +313,8 @@ impl ShardedAdamW {
                 mine.copy_(&whole.narrow(0, offset, len));
             }
         }
+        let names: Vec<String> = self.params.iter().map(|(name, _)| name.clone()).collect();
+        self.param_steps = param_steps(state, &names, step).map_err(invalid)?;
         self.step = step;
         Ok(())
     }
@@ -255,6 +331,51 @@ impl StepOptimizer for ShardedAdamW {
     fn step(&mut self) -> Result<(), TchError> {
         ShardedAdamW::step(self).map_err(|error| TchError::Torch(error.to_string()))
     }
+
+    fn skip_unused(&mut self, unused: &UnusedParameters) {
+        self.unused = Some(unused.clone());
+    }
+}
+
+/// [`step_bucket`] for a bucket whose members do not all take the same
+/// step: `counts[k]` is member `k`'s step count for this update, `None` if
+/// it is not stepped (its part of the shard, parameter and moments, is left
+/// as it is). The same collectives as `step_bucket`, and per member the
+/// same arithmetic on its part of this rank's shard, with its own bias
+/// correction. `numels[k]` is member `k`'s size; `settings` gives the rest.
+fn step_bucket_per_parameter(
+    pg: &dyn ProcessGroup,
+    bucket: &mut ShardedBucket,
+    numels: &[i64],
+    counts: &[Option<i64>],
+    settings: &AdamWUpdate,
+) -> Result<(), DistError> {
+    let (offset, len) = (bucket.shard.offset as i64, bucket.shard.len as i64);
+    let mut grad = pg.reduce_scatter(&bucket.grad, ReduceOp::Sum)?; // [len], this rank's shard
+    let _ = grad
+        .f_div_scalar_(pg.world_size() as f64)
+        .map_err(torch_error(pg, "dividing the gradient shard by the world size"))?;
+    let mut start = 0;
+    for (&numel, &count) in numels.iter().zip(counts) {
+        // The member's elements that fall in this rank's shard, in bucket coordinates.
+        let (from, to) = (start.max(offset), (start + numel).min(offset + len));
+        start += numel;
+        let Some(step) = count.filter(|_| from < to) else { continue };
+        let (at, n) = (from - offset, to - from);
+        let update = AdamWUpdate { step, ..*settings };
+        update
+            .apply(
+                &mut bucket.param.narrow(0, from, n),
+                &grad.narrow(0, at, n),
+                &mut bucket.exp_avg.narrow(0, at, n),
+                &mut bucket.exp_avg_sq.narrow(0, at, n),
+            )
+            .map_err(torch_error(pg, "AdamW on a parameter's part of this rank's shard"))?;
+    }
+    let mine = bucket.param.narrow(0, offset, len);
+    let shards = pg.all_gather(&mine)?; // world_size x [len], in rank order
+    tch::no_grad(|| bucket.param.f_copy_(&Tensor::cat(&shards, 0)))
+        .map_err(torch_error(pg, "copying the gathered shards into the bucket"))
 }
 
 /// Fails, saying what is wrong, unless `shard` splits a buffer of `numel`
