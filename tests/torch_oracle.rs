@@ -4,6 +4,9 @@
 //! weights (written by the workbook) and the same per-rank batches, in
 //! float64, compute the same gradients and parameters after every step: on
 //! 2 ranks bitwise, on 3 within a stated bound (tests/torch_oracle/compare.rs).
+//! Stepped by SGD written out on both sides, or by the training run's AdamW
+//! and the library's ZeRO-1 against PyTorch's AdamW and
+//! ZeroRedundancyOptimizer (stages.rs).
 //! PyTorch runs once per world size for every stage, under
 //! `.venv/bin/torchrun --standalone` with gloo on loopback
 //! (scripts/torch/oracle.py); each test is one stage, on 2 and 3 ranks.
@@ -87,13 +90,14 @@ fn check_against_torch(
 }
 
 /// A stage on 2 ranks (bitwise) and on 3 (within the bound, or as the
-/// stage demands: `Agreement::of`).
+/// stage demands: `Agreement::of`), comparing what `stages::compared` says.
 fn stage_agrees(stage: &str) {
     for world_size in [2, 3] {
         let runs = workbook_ranks(stage, world_size);
         let agreement = Agreement::of(&by_name(stage), world_size)
             .unwrap_or_else(|| panic!("stage `{stage}` has no agreement to check on {world_size} ranks"));
-        check_against_torch(stage, world_size, &runs, agreement, |_| true);
+        let compared = stages::compared(&by_name(stage), world_size);
+        check_against_torch(stage, world_size, &runs, agreement, compared);
     }
 }
 
@@ -137,6 +141,39 @@ fn find_unused_parameters_equals_pytorch_ddp_when_a_rank_skips_a_branch() {
 #[test]
 fn gradient_as_bucket_view_in_pytorch_gives_the_workbooks_numbers() {
     stage_agrees("bucket_view");
+}
+
+#[test]
+fn ddp_with_adamw_equals_pytorch_ddp_with_adamw() {
+    stage_agrees("adamw");
+}
+
+#[test]
+fn zero_1_equals_pytorchs_zero_redundancy_optimizer_over_adamw() {
+    stage_agrees("zero1");
+}
+
+#[test]
+fn on_the_tiny_gpt_adamw_and_zero_1_equal_pytorch() {
+    stage_agrees("adamw_gpt");
+    stage_agrees("zero1_gpt");
+}
+
+/// A branch used by every rank in steps 1, 2 and 4 and by none in 3 and 5:
+/// PyTorch's AdamW leaves it where it is in 3 and 5 (its gradient is
+/// `None`), no momentum, no weight decay, and its step count stays behind.
+#[test]
+fn adamw_leaves_a_parameter_no_rank_used_as_pytorch_does() {
+    stage_agrees("adamw_unused_gap");
+    stage_agrees("zero1_unused_gap");
+}
+
+/// A branch used by no rank in steps 1 and 2, by every rank from step 3:
+/// its first update is its first step for the bias correction.
+#[test]
+fn adamw_counts_steps_per_parameter_as_pytorch_does() {
+    stage_agrees("adamw_unused_late");
+    stage_agrees("zero1_unused_late");
 }
 
 /// PyTorch reads `no_sync` when the forward runs: a forward inside the

@@ -1,13 +1,13 @@
 //! Each chapter's PyTorch twin runs and passes its own checks: the scripts
 //! of scripts/torch/twins/ (chapters 3 to 8: averaging by hand, no_sync
 //! accumulation, bucket caps, overlap through a comm hook, the
-//! DistributedSampler, the training loop with rank-0 checkpoints; chapter
-//! 11: ZeroRedundancyOptimizer), each
+//! DistributedSampler, the training loop with rank-0 checkpoints), each
 //! under `torchrun --standalone --nproc-per-node 2` with gloo on CPU. A twin
 //! checks PyTorch's DDP against one process on the global batch and prints
-//! PASS, or raises; the chapters include their lines.
-//! Chapter 12 has no twin here: its hook faces PyTorch's `bf16_compress_hook`
-//! in `tests/torch_oracle.rs`, where the workbook's numbers are compared.
+//! PASS, or raises; the chapters include their lines. Chapters 11 and 12
+//! have no twin here: ZeRO-1's ShardedAdamW and the bf16 hooks face
+//! PyTorch's ZeroRedundancyOptimizer and bf16_compress_hook in
+//! tests/torch_oracle.rs, where the workbook's numbers are compared.
 //!
 //! Run: `cargo test --features solutions,mpi,nccl --test torch_twins`
 //! (needs `.venv`, made by scripts/setup.sh).
@@ -73,7 +73,3 @@ fn ch08_training_loop_with_rank_0_checkpoints() {
     run_twin("ch08_training_run.py");
 }
 
-#[test]
-fn ch11_zero_redundancy_optimizer() {
-    run_twin("ch11_zero.py");
-}

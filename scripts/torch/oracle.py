@@ -3,8 +3,9 @@ numerical oracle of the workbook. The workbook writes the stages to run
 (stages.json), each stage's initial weights and each rank's batches
 (safetensors); this script trains the PyTorch twins (models.py) on them
 with torch.nn.parallel.DistributedDataParallel, gloo, float64, one thread
-per process, and writes what it computed: the gradients after every
-synced backward, the parameters after every step, the twin's forward on
+per process, stepping with plain SGD, AdamW or ZeroRedundancyOptimizer
+over AdamW as the stage says, and writes what it computed: the gradients
+after every synced backward, the parameters after every step, the twin's forward on
 the first batch before training, and the bucket layouts. tests/torch_oracle.rs
 compares them with the workbook's, step by step.
 
@@ -29,6 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -89,6 +91,32 @@ def bucket_layout(ddp, names_by_ptr):
     ]
 
 
+def adamw_optimizer(stage, ddp):
+    """The optimizer of an AdamW stage: PyTorch's AdamW, or ZeRO-1 with
+    AdamW inside, on the single-tensor path (foreach=False), whose
+    arithmetic the workbook's AdamW follows operation for operation. None
+    for the SGD stages, which step by hand."""
+    lr, weight_decay = stage["lr"], stage["weight_decay"]
+    if stage["optimizer"] == "adamw":
+        return torch.optim.AdamW(ddp.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
+    if stage["optimizer"] == "zero1":
+        # ANCHOR: zero
+        # Each rank keeps AdamW's moments for its share of the parameters
+        # only; DDP still all-reduces every gradient.
+        optimizer = ZeroRedundancyOptimizer(
+            ddp.parameters(),
+            optimizer_class=torch.optim.AdamW,
+            lr=lr,
+            weight_decay=weight_decay,
+            foreach=False,
+        )
+        # ANCHOR_END: zero
+        return optimizer
+    if stage["optimizer"] != "sgd":
+        raise ValueError(f"stages.json names an unknown optimizer {stage['optimizer']!r}")
+    return None
+
+
 def run_stage(stage, directory, rank):
     folder = os.path.join(directory, stage["name"])
     model = build(stage["model"])
@@ -115,8 +143,11 @@ def run_stage(stage, directory, rank):
         "at_construction": bucket_layout(ddp, names_by_ptr),
     }
     micro_batches = stage["micro_batches"]
+    optimizer = adamw_optimizer(stage, ddp)
     for step in range(stage["steps"]):
-        for p in model.parameters():  # in place, as tch's zero_grad does
+        if optimizer is not None:
+            optimizer.zero_grad()  # PyTorch's: every .grad back to None
+        for p in model.parameters():  # SGD: in place, as tch's zero_grad does
             if p.grad is not None:
                 p.grad.zero_()
         for m in range(micro_batches):
@@ -134,15 +165,20 @@ def run_stage(stage, directory, rank):
                     loss.backward()
             if stage["no_sync"] == "forward_only" and not last:
                 loss.backward()
-            if stage["record_micro_batches"] or last:
+            # ZeRO-1: the workbook's ranks keep their own gradients until the
+            # step averages them, PyTorch's DDP averages them in backward.
+            if (stage["record_micro_batches"] or last) and stage["optimizer"] != "zero1":
                 for name, p in zip(names, model.parameters()):
                     if p.grad is not None:
                         out[f"{key}.grad.{name}"] = p.grad.clone()
-        with torch.no_grad():  # plain SGD, written out as the workbook's side does
-            lr = stage["lr"]
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.sub_(p.grad * lr)
+        if optimizer is not None:
+            optimizer.step()
+        else:
+            with torch.no_grad():  # plain SGD, written out as the workbook's side does
+                lr = stage["lr"]
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.sub_(p.grad * lr)
         for name, p in zip(names, model.parameters()):
             out[f"step{step}.param.{name}"] = p.detach().clone()
     layouts["after_training"] = bucket_layout(ddp, names_by_ptr)

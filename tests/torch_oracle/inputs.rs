@@ -8,7 +8,7 @@ use std::path::Path;
 use ddp_workbook::models::GptConfig;
 use ddp_workbook::tch::Tensor;
 
-use super::stages::{build, micro_batch, stages, ModelSpec, NoSync, Stage};
+use super::stages::{build, micro_batch, stages, ModelSpec, NoSync, Stage, StageOptimizer};
 
 fn json(stage: &Stage) -> String {
     let model = match stage.model {
@@ -27,12 +27,23 @@ fn json(stage: &Stage) -> String {
         NoSync::AllButLast => "all_but_last",
         NoSync::ForwardOnly => "forward_only",
     };
+    let optimizer = match stage.optimizer {
+        StageOptimizer::Sgd => "sgd",
+        StageOptimizer::AdamW => "adamw",
+        StageOptimizer::Zero1 => "zero1",
+    };
     let first_bucket_bytes = stage.torch_first_bucket_bytes.map_or("null".to_string(), |b| b.to_string());
     // Both of the workbook's bf16 hooks face PyTorch's one.
     let comm_hook = if stage.bf16_hook.is_some() { r#""bf16_compress_hook""# } else { "null" };
     format!(
-        r#"{{"name": "{}", "model": {model}, "ddp": {}, "first_bucket_bytes": {first_bucket_bytes}, "steps": {}, "micro_batches": {}, "no_sync": "{no_sync}", "record_micro_batches": {}, "lr": {:?}, "comm_hook": {comm_hook}}}"#,
-        stage.name, stage.torch_ddp, stage.steps, stage.micro_batches, stage.record_micro_batches, stage.lr
+        r#"{{"name": "{}", "model": {model}, "ddp": {}, "first_bucket_bytes": {first_bucket_bytes}, "steps": {}, "micro_batches": {}, "no_sync": "{no_sync}", "record_micro_batches": {}, "lr": {:?}, "comm_hook": {comm_hook}, "optimizer": "{optimizer}", "weight_decay": {:?}}}"#,
+        stage.name,
+        stage.torch_ddp,
+        stage.steps,
+        stage.micro_batches,
+        stage.record_micro_batches,
+        stage.lr,
+        stage.weight_decay
     )
 }
 

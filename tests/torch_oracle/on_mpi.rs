@@ -56,7 +56,8 @@ fn on_mpi_every_stage_equals_pytorch_ddp() {
             if stage.no_sync == NoSync::ForwardOnly {
                 check_against_torch(stage.name, world_size, &runs, Agreement::Close, after_the_deferred_sync);
             } else if let Some(agreement) = Agreement::of(&stage, world_size) {
-                check_against_torch(stage.name, world_size, &runs, agreement, |_| true);
+                let compared = crate::stages::compared(&stage, world_size);
+                check_against_torch(stage.name, world_size, &runs, agreement, compared);
             }
         }
         _ = std::fs::remove_dir_all(&out);

@@ -58,6 +58,48 @@ pub enum Bf16Hook {
     PyTorchOrder,
 }
 
+/// Which optimizer steps the parameters, on both sides.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StageOptimizer {
+    /// `p -= lr * grad`, written out on both sides; gradients zeroed in
+    /// place (as tch does).
+    Sgd,
+    /// The training run's `AdamW`; PyTorch's `AdamW(foreach=False)`, whose
+    /// `zero_grad` sets the gradients to `None`.
+    AdamW,
+    /// ZeRO-1: the library's `ShardedAdamW`, every backward inside
+    /// `no_sync`; PyTorch's `ZeroRedundancyOptimizer(optimizer_class=AdamW)`
+    /// under its DDP. The gradients differ by design (the workbook keeps
+    /// each rank's own until the step averages them): only the forward and
+    /// the parameters are compared.
+    Zero1,
+}
+
+/// When Branchy's forward takes its branch (steps counted from 1 here,
+/// from 0 in the code).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Branches {
+    /// In step 1 rank 1 skips the branch (the others use it: PyTorch
+    /// averages what they computed), in step 2 every rank does.
+    Rank1SkipsStep1,
+    /// Used by every rank in steps 1, 2 and 4, by none in 3 and 5: the
+    /// optimizer must leave it as it is in 3 and 5.
+    Gap,
+    /// Used by no rank in steps 1 and 2, by every rank from step 3: its
+    /// first update counts as its first step in the bias correction.
+    Late,
+}
+
+impl Branches {
+    pub fn uses_branch(self, step: usize, rank: usize) -> bool {
+        match self {
+            Branches::Rank1SkipsStep1 => !matches!((step, rank), (1, 1) | (2, _)),
+            Branches::Gap => !matches!(step, 2 | 4),
+            Branches::Late => step >= 2,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Stage {
     pub name: &'static str,
@@ -76,6 +118,10 @@ pub struct Stage {
     pub lr: f64,
     /// A bf16 hook on both wrappers (chapter 12), or none.
     pub bf16_hook: Option<Bf16Hook>,
+    pub optimizer: StageOptimizer,
+    /// AdamW's decoupled weight decay (not used by SGD).
+    pub weight_decay: f64,
+    pub branches: Branches,
 }
 
 const MLP: &[i64] = &[4, 16, 16, 1];
@@ -111,6 +157,29 @@ fn stage(name: &'static str, model: ModelSpec, sync: WorkbookSync, torch_ddp: &'
         record_micro_batches: false,
         lr: 0.1,
         bf16_hook: None,
+        optimizer: StageOptimizer::Sgd,
+        weight_decay: 0.0,
+        branches: Branches::Rank1SkipsStep1,
+    }
+}
+
+/// A stage stepped by AdamW or ZeRO-1 (`optimizer`), 5 steps, with weight
+/// decay: a parameter stepped on a zero gradient moves.
+fn adamw_stage(
+    name: &'static str,
+    model: ModelSpec,
+    sync: WorkbookSync,
+    torch_ddp: &'static str,
+    optimizer: StageOptimizer,
+    branches: Branches,
+) -> Stage {
+    Stage {
+        steps: 5,
+        lr: 0.01,
+        optimizer,
+        weight_decay: 0.1,
+        branches,
+        ..stage(name, model, sync, torch_ddp)
     }
 }
 
@@ -177,6 +246,59 @@ pub fn stages() -> Vec<Stage> {
             small,
             r#"{"bucket_cap_mb": 0.0625, "gradient_as_bucket_view": true}"#,
         ),
+        // AdamW and ZeRO-1 (with small caps, ShardedAdamW has several
+        // buckets, their shards cutting through parameters), on the MLP and
+        // the tiny GPT, then both with a branch that no rank uses in some steps.
+        adamw_stage(
+            "adamw",
+            ModelSpec::Mlp(MLP),
+            wrapper,
+            "{}",
+            StageOptimizer::AdamW,
+            Branches::Rank1SkipsStep1,
+        ),
+        adamw_stage(
+            "zero1",
+            ModelSpec::Mlp(MLP),
+            mlp_small,
+            "{}",
+            StageOptimizer::Zero1,
+            Branches::Rank1SkipsStep1,
+        ),
+        adamw_stage(
+            "adamw_gpt",
+            ModelSpec::Gpt,
+            wrapper,
+            "{}",
+            StageOptimizer::AdamW,
+            Branches::Rank1SkipsStep1,
+        ),
+        adamw_stage(
+            "zero1_gpt",
+            ModelSpec::Gpt,
+            small,
+            "{}",
+            StageOptimizer::Zero1,
+            Branches::Rank1SkipsStep1,
+        ),
+        adamw_stage("adamw_unused_gap", branchy(), unused, FIND_UNUSED, StageOptimizer::AdamW, Branches::Gap),
+        adamw_stage(
+            "adamw_unused_late",
+            branchy(),
+            unused,
+            FIND_UNUSED,
+            StageOptimizer::AdamW,
+            Branches::Late,
+        ),
+        adamw_stage("zero1_unused_gap", branchy(), unused, FIND_UNUSED, StageOptimizer::Zero1, Branches::Gap),
+        adamw_stage(
+            "zero1_unused_late",
+            branchy(),
+            unused,
+            FIND_UNUSED,
+            StageOptimizer::Zero1,
+            Branches::Late,
+        ),
     ]
     .into_iter()
     .chain(bf16_stages())
@@ -201,8 +323,31 @@ fn bf16_stages() -> Vec<Stage> {
     vec![with("bf16_hook", Bf16Hook::WorkbookOrder), with("bf16_hook_pytorch_order", Bf16Hook::PyTorchOrder)]
 }
 
+const FIND_UNUSED: &str = r#"{"find_unused_parameters": true}"#;
+
+fn branchy() -> ModelSpec {
+    ModelSpec::Branchy(BRANCHY)
+}
+
 pub fn by_name(name: &str) -> Stage {
     stages().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no stage named {name}"))
+}
+
+/// What a stage compares on `world_size` ranks, by tensor name: everything,
+/// but on 3 ranks not the GPT's `attn.qkv.bias` when AdamW steps it. The
+/// loss does not depend on the key part of that bias (softmax ignores a
+/// constant added to every score of a row), so its gradient is rounding
+/// noise, about 1e-17, which differs with the order of the 3-rank sum; and
+/// AdamW divides each gradient by its own running size, so it turns that
+/// noise into steps of about `lr`, different noise into different steps.
+/// On 2 ranks the noise is the same bits on both sides, and so is the rest.
+pub fn compared(stage: &Stage, world_size: usize) -> fn(&str) -> bool {
+    let adamw_on_the_gpt = matches!(stage.model, ModelSpec::Gpt) && stage.optimizer != StageOptimizer::Sgd;
+    if world_size == 3 && adamw_on_the_gpt {
+        |name| !name.contains("attn.qkv.bias")
+    } else {
+        |_| true
+    }
 }
 
 /// Checked by the test that the PyTorch side reads 0.0625 MiB as 64 KiB.
@@ -263,12 +408,6 @@ pub struct MicroBatch {
     pub use_branch: bool,
 }
 
-/// The Branchy schedule: in step 1 rank 1 skips the branch (the others use
-/// it: PyTorch averages what they computed), in step 2 every rank does.
-fn uses_branch(step: usize, rank: usize) -> bool {
-    !matches!((step, rank), (1, 1) | (2, _))
-}
-
 /// Rank `rank`'s micro-batch `m` of step `step`: seeded by its place, so
 /// that every world size draws its ranks' batches the same way.
 pub fn micro_batch(stage: &Stage, rank: usize, step: usize, m: usize) -> MicroBatch {
@@ -286,7 +425,7 @@ pub fn micro_batch(stage: &Stage, rank: usize, step: usize, m: usize) -> MicroBa
             (Tensor::randint(cfg.vocab_size, shape, options), Tensor::randint(cfg.vocab_size, shape, options))
         }
     });
-    MicroBatch { input, target, use_branch: uses_branch(step, rank) }
+    MicroBatch { input, target, use_branch: stage.branches.uses_branch(step, rank) }
 }
 
 /// The stage's loss, with the operations the oracle uses.

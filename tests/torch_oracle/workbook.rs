@@ -7,15 +7,17 @@
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
 use ddp_workbook::ddp::{
-    bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, Replicated, SimpleDistributedDataParallelism,
+    bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, BucketCaps, Replicated, ShardedAdamW,
+    SimpleDistributedDataParallelism, StepOptimizer, UnusedParameters,
 };
 use ddp_workbook::dist::Group;
 use ddp_workbook::models::named_parameters;
 use ddp_workbook::tch::nn::Module;
-use ddp_workbook::tch::Tensor;
+use ddp_workbook::tch::{TchError, Tensor};
+use ddp_workbook::train::AdamW;
 
 use super::gloo_order::in_gloo_order;
-use super::stages::{build, loss, micro_batch, Bf16Hook, NoSync, Stage, WorkbookSync};
+use super::stages::{build, loss, micro_batch, Bf16Hook, NoSync, Stage, StageOptimizer, Twin, WorkbookSync};
 
 /// What one rank computed, and how many gradient syncs it ran.
 pub struct RankRun {
@@ -79,18 +81,28 @@ pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
             let ddp = SimpleDistributedDataParallelism::with_bucket_caps(
                 model,
                 &vs,
-                hooked_group(stage, pg),
+                hooked_group(stage, pg.clone()),
                 caps,
             )?
             .find_unused_parameters(find_unused);
             register_bf16_hook(stage, &ddp);
             let layout_before = ddp.buckets().iter().map(|b| b.bytes()).collect();
+            let mut optimizer = Optimizer::new(stage, &ddp, &pg, caps)?;
             for step in 0..stage.steps {
-                zero_grads(&params);
+                match &mut optimizer {
+                    Optimizer::Sgd => zero_grads(&params),
+                    adamw => adamw.zero_grad(),
+                }
                 for m in 0..stage.micro_batches {
                     let b = micro_batch(stage, rank, step, m);
                     ddp.module().choose_branch(b.use_branch);
                     let last = m + 1 == stage.micro_batches;
+                    if let Optimizer::Zero1(_) = optimizer {
+                        // ZeRO-1's step averages the gradients: the wrapper sends nothing.
+                        let _no_sync = ddp.no_sync();
+                        ddp.backward(&loss(stage, &ddp.forward(&b.input), &b.target))?;
+                        continue;
+                    }
                     match stage.no_sync {
                         NoSync::AllButLast if !last => {
                             let _no_sync = ddp.no_sync();
@@ -106,10 +118,25 @@ pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
                         _ => ddp.backward(&loss(stage, &ddp.forward(&b.input), &b.target))?,
                     }
                     if stage.record_micro_batches || last {
+                        // PyTorch's AdamW stages set the gradients to None in
+                        // zero_grad: one that no rank computed stays None.
+                        let no_gradient = match optimizer {
+                            Optimizer::AdamW(_) => ddp.last_step().no_gradient,
+                            _ => vec![],
+                        };
+                        let params: Vec<_> = (0..params.len())
+                            .filter(|i| !no_gradient.contains(i))
+                            .map(|i| (params[i].0.clone(), params[i].1.shallow_clone()))
+                            .collect();
                         record(&params, step, m, &mut out);
                     }
                 }
-                sgd_step(&params, stage.lr, step, &mut out);
+                if let Optimizer::Sgd = optimizer {
+                    sgd_step(&params, stage.lr, step, &mut out);
+                } else {
+                    ddp.optimizer_step(&mut optimizer)?;
+                    record_params(&params, step, &mut out);
+                }
             }
             let layout_after = ddp.buckets().iter().map(|b| b.bytes()).collect();
             Ok(RankRun {
@@ -167,6 +194,65 @@ fn record(params: &[(String, Tensor)], step: usize, m: usize, out: &mut Vec<(Str
     }
 }
 
+/// The optimizer of a stage run through the wrapper.
+enum Optimizer {
+    Sgd,
+    AdamW(AdamW),
+    Zero1(ShardedAdamW),
+}
+
+impl Optimizer {
+    fn new(
+        stage: &Stage,
+        ddp: &SimpleDistributedDataParallelism<Twin>,
+        pg: &Group,
+        caps: BucketCaps,
+    ) -> anyhow::Result<Optimizer> {
+        let (lr, decay) = (stage.lr, stage.weight_decay);
+        Ok(match stage.optimizer {
+            StageOptimizer::Sgd => Optimizer::Sgd,
+            StageOptimizer::AdamW => Optimizer::AdamW(AdamW::new(ddp.parameters(), lr, decay)),
+            StageOptimizer::Zero1 => {
+                Optimizer::Zero1(ShardedAdamW::new(ddp.parameters(), pg.clone(), caps, lr, decay)?)
+            }
+        })
+    }
+}
+
+/// What `ddp.optimizer_step` drives: the AdamW stages' optimizers.
+impl StepOptimizer for Optimizer {
+    fn zero_grad(&mut self) {
+        match self {
+            Optimizer::Sgd => unreachable!("SGD stages zero and step by hand"),
+            Optimizer::AdamW(adamw) => adamw.zero_grad(),
+            Optimizer::Zero1(zero) => zero.zero_grad(),
+        }
+    }
+
+    fn step(&mut self) -> Result<(), TchError> {
+        match self {
+            Optimizer::Sgd => unreachable!("SGD stages zero and step by hand"),
+            Optimizer::AdamW(adamw) => StepOptimizer::step(adamw),
+            Optimizer::Zero1(zero) => StepOptimizer::step(zero),
+        }
+    }
+
+    fn skip_unused(&mut self, unused: &UnusedParameters) {
+        match self {
+            Optimizer::Sgd => {}
+            Optimizer::AdamW(adamw) => adamw.skip_unused(unused),
+            Optimizer::Zero1(zero) => zero.skip_unused(unused),
+        }
+    }
+}
+
+/// Copies of the parameters after `step`.
+fn record_params(params: &[(String, Tensor)], step: usize, out: &mut Vec<(String, Tensor)>) {
+    for (name, p) in params {
+        out.push((format!("step{step}.param.{name}"), p.detach().copy()));
+    }
+}
+
 /// Plain SGD, `p -= lr * grad`, written out as the oracle writes it, then
 /// copies of the parameters.
 fn sgd_step(params: &[(String, Tensor)], lr: f64, step: usize, out: &mut Vec<(String, Tensor)>) {
@@ -179,7 +265,5 @@ fn sgd_step(params: &[(String, Tensor)], lr: f64, step: usize, out: &mut Vec<(St
             }
         }
     });
-    for (name, p) in params {
-        out.push((format!("step{step}.param.{name}"), p.detach().copy()));
-    }
+    record_params(params, step, out);
 }
