@@ -176,6 +176,15 @@ fn adamw_counts_steps_per_parameter_as_pytorch_does() {
     stage_agrees("zero1_unused_late");
 }
 
+/// A branch used only in a micro-batch inside `no_sync`: it has a gradient
+/// in that step, which PyTorch's DDP counts (its map of used parameters
+/// spans the backward passes since the last sync), so it is stepped.
+#[test]
+fn a_parameter_used_only_inside_no_sync_is_stepped_as_pytorch_steps_it() {
+    stage_agrees("adamw_unused_no_sync");
+    stage_agrees("zero1_unused_no_sync");
+}
+
 /// PyTorch reads `no_sync` when the forward runs: a forward inside the
 /// scope and its backward after it sends nothing, and the rank keeps its
 /// own gradient until the next synced backward adds its own and averages

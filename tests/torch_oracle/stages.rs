@@ -88,14 +88,20 @@ pub enum Branches {
     /// Used by no rank in steps 1 and 2, by every rank from step 3: its
     /// first update counts as its first step in the bias correction.
     Late,
+    /// Two micro-batches per step, the first inside `no_sync`: in steps 1
+    /// and 3 only the first uses the branch (it has a gradient, though the
+    /// synced backward does not touch it), in steps 2 and 4 neither does.
+    NoSyncOnly,
 }
 
 impl Branches {
-    pub fn uses_branch(self, step: usize, rank: usize) -> bool {
+    /// Whether rank `rank` takes the branch in micro-batch `m` of `step`.
+    pub fn uses_branch(self, step: usize, rank: usize, m: usize) -> bool {
         match self {
             Branches::Rank1SkipsStep1 => !matches!((step, rank), (1, 1) | (2, _)),
             Branches::Gap => !matches!(step, 2 | 4),
             Branches::Late => step >= 2,
+            Branches::NoSyncOnly => m == 0 && step % 2 == 0,
         }
     }
 }
@@ -299,6 +305,30 @@ pub fn stages() -> Vec<Stage> {
             StageOptimizer::Zero1,
             Branches::Late,
         ),
+        Stage {
+            micro_batches: 2,
+            no_sync: NoSync::AllButLast,
+            ..adamw_stage(
+                "adamw_unused_no_sync",
+                branchy(),
+                unused,
+                FIND_UNUSED,
+                StageOptimizer::AdamW,
+                Branches::NoSyncOnly,
+            )
+        },
+        Stage {
+            micro_batches: 2,
+            no_sync: NoSync::AllButLast, // PyTorch's side; ZeRO-1 sends nothing in backward
+            ..adamw_stage(
+                "zero1_unused_no_sync",
+                branchy(),
+                unused,
+                FIND_UNUSED,
+                StageOptimizer::Zero1,
+                Branches::NoSyncOnly,
+            )
+        },
     ]
     .into_iter()
     .chain(bf16_stages())
@@ -425,7 +455,7 @@ pub fn micro_batch(stage: &Stage, rank: usize, step: usize, m: usize) -> MicroBa
             (Tensor::randint(cfg.vocab_size, shape, options), Tensor::randint(cfg.vocab_size, shape, options))
         }
     });
-    MicroBatch { input, target, use_branch: stage.branches.uses_branch(step, rank) }
+    MicroBatch { input, target, use_branch: stage.branches.uses_branch(step, rank, m) }
 }
 
 /// The stage's loss, with the operations the oracle uses.
