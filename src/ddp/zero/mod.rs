@@ -193,14 +193,14 @@ impl ShardedAdamW {
     /// the ranks agree first (a MAX all-reduce of "used here").
     fn stepped_this_step(&mut self) -> Result<Vec<bool>, DistError> {
         let pg = self.pg.as_ref();
-        let unused_here = |names: &[String]| -> Vec<bool> {
+        let not_named = |names: &[String]| -> Vec<bool> {
             self.params.iter().map(|(name, _)| !names.contains(name)).collect()
         };
         match self.unused.take() {
             None => Ok(vec![true; self.params.len()]),
-            Some(UnusedParameters::OnEveryRank(names)) => Ok(unused_here(&names)),
+            Some(UnusedParameters::OnEveryRank(names)) => Ok(not_named(&names)),
             Some(UnusedParameters::OnThisRank(names)) => {
-                let used: Vec<i32> = unused_here(&names).into_iter().map(i32::from).collect();
+                let used: Vec<i32> = not_named(&names).into_iter().map(i32::from).collect();
                 let device = self.buckets.first().map_or(tch::Device::Cpu, |b| b.param.device());
                 let mut flags = Tensor::from_slice(&used).to_device(device);
                 pg.all_reduce(&mut flags, ReduceOp::Max)?;
@@ -210,7 +210,6 @@ impl ShardedAdamW {
             }
         }
     }
-    // ANCHOR_END: step
 
     /// Forgets every gradient: the next backward starts from nothing.
     pub fn zero_grad(&mut self) {
