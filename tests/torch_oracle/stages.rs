@@ -101,7 +101,7 @@ impl Branches {
             Branches::Rank1SkipsStep1 => !matches!((step, rank), (1, 1) | (2, _)),
             Branches::Gap => !matches!(step, 2 | 4),
             Branches::Late => step >= 2,
-            Branches::NoSyncOnly => m == 0 && step % 2 == 0,
+            Branches::NoSyncOnly => m == 0 && step.is_multiple_of(2),
         }
     }
 }
