@@ -1,7 +1,8 @@
 //! The training run with AdamW sharded over the ranks (`TrainConfig`'s
 //! `zero_stage: 1`, `--zero 1` of `examples/train.rs`: chapter 11's ZeRO-1
 //! in the finished run), against the plain run, and its checkpoints, which
-//! gather the shards. Run: `cargo test --test train_zero`
+//! gather the shards, and ZeRO-1 with a parameter left out of a step.
+//! Run: `cargo test --test train_zero`
 //! (add `-- --nocapture` to see the measured numbers).
 
 mod train_runs;
@@ -9,7 +10,13 @@ mod train_runs;
 use std::time::Duration;
 
 use ddp_workbook::check::max_reference_diff;
-use ddp_workbook::train::{self, ConfigError, TrainConfig};
+use ddp_workbook::data::{masked_cross_entropy, TokenTask};
+use ddp_workbook::ddp::{BucketCaps, Named, ShardedAdamW, StepOptimizer, UnusedParameters};
+use ddp_workbook::dist;
+use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
+use ddp_workbook::tch::nn::Module;
+use ddp_workbook::tch::Kind;
+use ddp_workbook::train::{self, AdamW, ConfigError, TrainConfig};
 use train_runs::{run, scratch};
 
 /// The shared small run (12 steps, several buckets, shards that cross
@@ -82,6 +89,74 @@ fn a_zero_1_checkpoint_resumes_with_zero_1_where_the_whole_run_ends_and_refuses_
     println!("control: resumed from zeroed moments: {gap:e} from the whole run");
     assert!(gap > 1e-4, "zeroed moments changed nothing: the test cannot tell");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A parameter named unused (as the DDP wrapper names one no rank used) in
+/// step 1 of 4: `ShardedAdamW` on 2 ranks, whose 1 KiB buckets cut their
+/// shards through parameters, takes the bits of plain AdamW in one
+/// process told the same; its gathered state holds that parameter's own
+/// step count (3 of 4), and plain AdamW resumed from it steps on to the
+/// same bits. Both ranks train on the same batch, so the averaged gradient
+/// is each rank's, exactly ((g + g) / 2 = g).
+#[test]
+fn zero_1_skips_a_parameter_as_plain_adamw_does_and_saves_its_step_count() {
+    let cfg = GptConfig { vocab_size: 16, block_size: 32, n_layer: 1, n_head: 2, n_embd: 16 };
+    let backward = |gpt: &Gpt| {
+        let (inputs, targets, mask) = TokenTask::standard(5, 8).batch(0, 8); // the same on every rank
+        masked_cross_entropy(&gpt.forward(&inputs), &targets, &mask).backward();
+    };
+    let skipped = |params: &[Named]| params[1].0.clone();
+    let train = |optimizer: &mut dyn FnMut(bool), gpt: &Gpt, steps: usize| {
+        for step in 0..steps {
+            backward(gpt);
+            optimizer(step == 0);
+        }
+    };
+    let caps = BucketCaps { cap_bytes: 1024, first_cap_bytes: 1024 };
+    let zero = dist::spawn(2, |pg| {
+        ddp_workbook::tch::set_num_threads(1);
+        let (vs, gpt) = Gpt::seeded(3, &cfg, Kind::Double);
+        let params = named_parameters(&vs);
+        let mut zero = ShardedAdamW::new(&params, pg, caps, 1e-2, 0.1)?;
+        let unused = UnusedParameters::OnEveryRank(vec![skipped(&params)]);
+        let mut step = |skip: bool| {
+            if skip {
+                zero.skip_unused(&unused);
+            }
+            zero.step().unwrap();
+            zero.zero_grad();
+        };
+        train(&mut step, &gpt, 4);
+        Ok((named_parameters(&vs), zero.gathered_state()?))
+    })
+    .unwrap();
+    let (vs, gpt) = Gpt::seeded(3, &cfg, Kind::Double);
+    let params = named_parameters(&vs);
+    let mut plain = AdamW::new(&params, 1e-2, 0.1);
+    let mut step = |skip: bool| {
+        if skip {
+            plain.skip_in_next_step(&[skipped(&params)]);
+        }
+        plain.step().unwrap();
+        plain.zero_grad();
+    };
+    train(&mut step, &gpt, 4);
+    assert_eq!(max_reference_diff(&zero[0].0, &named_parameters(&vs)), 0.0, "ZeRO-1 left plain AdamW");
+
+    let state = &zero[0].1;
+    let count = |key: &str| state.iter().find(|(n, _)| n == key).map(|(_, t)| t.int64_value(&[0]));
+    assert_eq!(count("step"), Some(4));
+    assert_eq!(count(&format!("step.{}", skipped(&params))), Some(3), "the skipped parameter's own count");
+    let (mut vs_resumed, gpt_resumed) = Gpt::seeded(4, &cfg, Kind::Double);
+    vs_resumed.copy(&vs).unwrap();
+    let mut resumed = AdamW::new(&named_parameters(&vs_resumed), 1e-2, 0.1);
+    resumed.load_state(state).unwrap();
+    for (optimizer, gpt) in [(&mut plain, &gpt), (&mut resumed, &gpt_resumed)] {
+        backward(gpt);
+        optimizer.step().unwrap();
+    }
+    let diff = max_reference_diff(&named_parameters(&vs_resumed), &named_parameters(&vs));
+    assert_eq!(diff, 0.0, "plain AdamW resumed from ZeRO-1's state left the uninterrupted one");
 }
 
 #[test]
