@@ -185,6 +185,14 @@ fn a_parameter_used_only_inside_no_sync_is_stepped_as_pytorch_steps_it() {
     stage_agrees("zero1_unused_no_sync");
 }
 
+/// A branch used in the first of two synced backward passes of a step: the
+/// second leaves its gradient as the first made it (PyTorch's DDP does not
+/// touch a gradient no rank computed), and AdamW steps it.
+#[test]
+fn a_parameter_used_in_an_earlier_sync_of_the_step_is_stepped_as_pytorch_steps_it() {
+    stage_agrees("adamw_unused_two_syncs");
+}
+
 /// PyTorch reads `no_sync` when the forward runs: a forward inside the
 /// scope and its backward after it sends nothing, and the rank keeps its
 /// own gradient until the next synced backward adds its own and averages

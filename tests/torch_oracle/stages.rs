@@ -88,10 +88,10 @@ pub enum Branches {
     /// Used by no rank in steps 1 and 2, by every rank from step 3: its
     /// first update counts as its first step in the bias correction.
     Late,
-    /// Two micro-batches per step, the first inside `no_sync`: in steps 1
-    /// and 3 only the first uses the branch (it has a gradient, though the
-    /// synced backward does not touch it), in steps 2 and 4 neither does.
-    NoSyncOnly,
+    /// Two micro-batches per step: in steps 1, 3 and 5 only the first uses
+    /// the branch (the step has a gradient for it, though the last backward
+    /// does not touch it), in steps 2 and 4 neither does.
+    FirstMicroBatchOnly,
 }
 
 impl Branches {
@@ -101,7 +101,7 @@ impl Branches {
             Branches::Rank1SkipsStep1 => !matches!((step, rank), (1, 1) | (2, _)),
             Branches::Gap => !matches!(step, 2 | 4),
             Branches::Late => step >= 2,
-            Branches::NoSyncOnly => m == 0 && step.is_multiple_of(2),
+            Branches::FirstMicroBatchOnly => m == 0 && step.is_multiple_of(2),
         }
     }
 }
@@ -314,7 +314,19 @@ pub fn stages() -> Vec<Stage> {
                 unused,
                 FIND_UNUSED,
                 StageOptimizer::AdamW,
-                Branches::NoSyncOnly,
+                Branches::FirstMicroBatchOnly,
+            )
+        },
+        // Two micro-batches, each synced: the branch used in the first only.
+        Stage {
+            micro_batches: 2,
+            ..adamw_stage(
+                "adamw_unused_two_syncs",
+                branchy(),
+                unused,
+                FIND_UNUSED,
+                StageOptimizer::AdamW,
+                Branches::FirstMicroBatchOnly,
             )
         },
         Stage {
@@ -326,7 +338,7 @@ pub fn stages() -> Vec<Stage> {
                 unused,
                 FIND_UNUSED,
                 StageOptimizer::Zero1,
-                Branches::NoSyncOnly,
+                Branches::FirstMicroBatchOnly,
             )
         },
     ]

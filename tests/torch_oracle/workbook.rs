@@ -93,6 +93,9 @@ pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
                     Optimizer::Sgd => zero_grads(&params),
                     adamw => adamw.zero_grad(),
                 }
+                // The parameters no rank gave a gradient in any sync of this
+                // step so far: PyTorch's AdamW stages leave those at None.
+                let mut no_gradient: Option<Vec<usize>> = None;
                 for m in 0..stage.micro_batches {
                     let b = micro_batch(stage, rank, step, m);
                     ddp.module().choose_branch(b.use_branch);
@@ -117,15 +120,16 @@ pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
                         }
                         _ => ddp.backward(&loss(stage, &ddp.forward(&b.input), &b.target))?,
                     }
+                    let synced = !(stage.no_sync == NoSync::AllButLast && !last);
+                    if let (Optimizer::AdamW(_), true) = (&optimizer, synced) {
+                        let this_sync = ddp.last_step().no_gradient;
+                        let so_far = no_gradient.take().unwrap_or_else(|| this_sync.clone());
+                        no_gradient = Some(so_far.into_iter().filter(|i| this_sync.contains(i)).collect());
+                    }
                     if stage.record_micro_batches || last {
-                        // PyTorch's AdamW stages set the gradients to None in
-                        // zero_grad: one that no rank computed stays None.
-                        let no_gradient = match optimizer {
-                            Optimizer::AdamW(_) => ddp.last_step().no_gradient,
-                            _ => vec![],
-                        };
+                        let none = no_gradient.clone().unwrap_or_default();
                         let params: Vec<_> = (0..params.len())
-                            .filter(|i| !no_gradient.contains(i))
+                            .filter(|i| !none.contains(i))
                             .map(|i| (params[i].0.clone(), params[i].1.shallow_clone()))
                             .collect();
                         record(&params, step, m, &mut out);

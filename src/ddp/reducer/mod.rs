@@ -109,6 +109,7 @@ impl Reducer {
             record: StepRecord::default(),
             replan_pending: true,
             used: vec![false; params.len()],
+            unused_in_every_sync: None,
             error: None,
             interrupted: false,
         }));
@@ -201,6 +202,12 @@ impl Reducer {
         let checked = end_of_backward_check(&p.buckets, pg.as_ref(), &p.params, this_rank);
         backward?; // this rank's own error says more than the check's
         p.record.no_gradient = checked?;
+        let n = p.params.len();
+        let no_gradient = p.record.no_gradient.clone();
+        let every = p.unused_in_every_sync.get_or_insert_with(|| vec![true; n]);
+        for (i, unused) in every.iter_mut().enumerate() {
+            *unused = *unused && no_gradient.contains(&i);
+        }
         if !std::mem::replace(&mut p.replan_pending, false) {
             return Ok(());
         }
@@ -235,6 +242,15 @@ impl Reducer {
         let n = p.params.len();
         let used = std::mem::replace(&mut p.used, vec![false; n]);
         (0..used.len()).filter(|&i| !used[i]).collect()
+    }
+
+    /// The parameters that no rank gave a gradient in any synced backward
+    /// since the last call (with several syncs in a step, a parameter used
+    /// in one of them has a gradient for the step, as in PyTorch), and
+    /// starts counting again. Empty if no sync ran since the last call.
+    pub fn take_no_gradient(&self) -> Vec<usize> {
+        let every = self.lock().unused_in_every_sync.take().unwrap_or_default();
+        (0..every.len()).filter(|&i| every[i]).collect()
     }
 
     /// The last synced backward, as it happened.
@@ -286,6 +302,10 @@ struct SyncState {
     /// Per parameter: whether its hook fired since the last synced
     /// backward, in a `no_sync` backward or the synced one.
     used: Vec<bool>,
+    /// Per parameter: whether every sync since the last
+    /// [`take_no_gradient`](Reducer::take_no_gradient) found it without a
+    /// gradient on every rank; `None` if no sync ran since.
+    unused_in_every_sync: Option<Vec<bool>>,
     /// The first error met during backward; reported by `finish`.
     error: Option<DistError>,
     /// Set while a step runs; still set if it panicked, and then the hooks

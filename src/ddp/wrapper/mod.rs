@@ -177,9 +177,10 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
                 indices.into_iter().map(|i| self.parameters()[i].0.clone()).collect()
             };
             let unused_here = names(self.reducer.take_unused_here());
+            let unused_everywhere = names(self.reducer.take_no_gradient());
             let unused = if self.backwards_since_sync.get() == 0 {
                 // The last backward synced: the ranks agreed on the list.
-                UnusedParameters::OnEveryRank(names(self.reducer.last_step().no_gradient))
+                UnusedParameters::OnEveryRank(unused_everywhere)
             } else {
                 UnusedParameters::OnThisRank(unused_here)
             };
