@@ -120,7 +120,7 @@ pub fn train(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
                         }
                         _ => ddp.backward(&loss(stage, &ddp.forward(&b.input), &b.target))?,
                     }
-                    let synced = !(stage.no_sync == NoSync::AllButLast && !last);
+                    let synced = stage.no_sync != NoSync::AllButLast || last;
                     if let (Optimizer::AdamW(_), true) = (&optimizer, synced) {
                         let this_sync = ddp.last_step().no_gradient;
                         let so_far = no_gradient.take().unwrap_or_else(|| this_sync.clone());
