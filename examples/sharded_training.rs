@@ -49,7 +49,7 @@ fn train_rank(pg: Group, checkpoint: &Path) -> anyhow::Result<RankSummary> {
     let options = SamplerOptions { seed: SAMPLER_SEED, ..SamplerOptions::default() }; // shuffled, tail padded
     let mut sampler = DistributedSampler::sharded(pg.as_ref(), data.len(), options)?;
     let micro = micro_batch_size(GLOBAL_BATCH, pg.world_size(), ACCUMULATION_STEPS)? as usize; // rows
-    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(mlp, &vs, pg, CAPS)?; // checks the replicas
+    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(mlp, &vs, pg, CAPS)?; // rank 0's weights everywhere
     let mut optimizer = nn::Sgd::default().build(&vs, LR)?;
     // ANCHOR_END: setup
     if ddp.rank() == 0 {

@@ -5,6 +5,8 @@
 //! Run: `cargo test --test ddp`
 
 mod common;
+#[path = "ddp/construction.rs"]
+mod construction;
 
 use common::{mse, spawn_options};
 use ddp_workbook::data::Regression;

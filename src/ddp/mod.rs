@@ -6,7 +6,7 @@
 //!
 //! | PyTorch | here | chapter |
 //! | --- | --- | --- |
-//! | the replica check of `DistributedDataParallel.__init__` | `replica_check.rs`: [`verify_replicas`], [`check_same_structure`]; `replicated.rs`: [`Replicated`], the core every wrapper shares | 2 |
+//! | the replica check and broadcast of `DistributedDataParallel.__init__` | `replica_check.rs`: [`verify_replicas`], [`check_same_structure`], [`sync_module_states`], [`InitSync`]; `replicated.rs`: [`Replicated`], the core every wrapper shares | 2 |
 //! | one all-reduce per gradient (no buckets) | `naive.rs`: [`naive::sync_gradients`] | 3 |
 //! | `DistributedDataParallel`, with `no_sync` | `wrapper/`: [`SimpleDistributedDataParallelism`], [`NoSyncGuard`], [`train_step`], the accumulation arithmetic | 4, 7 |
 //! | `Reducer` (`reducer.cpp`): buckets, autograd hooks, the end-of-backward check, comm hooks | `reducer/`: [`Reducer`], [`GradientBuckets`], [`plan_buckets`], [`mark_ready`], [`bf16_compress_hook`], [`bf16_compress_hook_pytorch_order`] | 5, 6, 12 |
@@ -22,7 +22,7 @@
 //!
 //! spawn(2, |pg| {
 //!     let (vs, mlp) = Mlp::seeded(0, &[4, 8, 1], Kind::Float); // the same seed on every rank
-//!     let ddp = SimpleDistributedDataParallelism::new(mlp, &vs, pg)?; // checks the replicas
+//!     let ddp = SimpleDistributedDataParallelism::new(mlp, &vs, pg)?; // rank 0's weights everywhere
 //!     let (x, y) = (Tensor::ones([2, 4], (Kind::Float, vs.device())), Tensor::zeros([2, 1], (Kind::Float, vs.device())));
 //!     let loss = ddp.forward(&x).mse_loss(&y, Reduction::Mean);
 //!     ddp.backward(&loss)?; // the gradients are now averaged over both ranks
@@ -49,7 +49,9 @@ pub use reducer::{
     CommHook, GradientBuckets, Launch, ParamMeta, Reducer, StepRecord, DEFAULT_BUCKET_CAP_BYTES,
     DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
 };
-pub use replica_check::{check_same_structure, verified_tensors, verify_replicas, InitError};
+pub use replica_check::{
+    check_same_structure, sync_module_states, verified_tensors, verify_replicas, InitError, InitSync,
+};
 pub use replicated::Replicated;
 pub use sampler::{
     epoch_shard, permutation, rows, samples_per_rank, shard_indices, DistributedSampler, SamplerError,

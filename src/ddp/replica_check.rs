@@ -7,7 +7,11 @@
 //! exactly the same model. [`check_same_structure`] proves that the ranks hold
 //! the same list of tensors (names, dtypes, shapes); [`verify_replicas`]
 //! proves that their values are bitwise rank 0's. Chapter 2 of the book
-//! builds `verify_replicas`; this is the reference the library runs.
+//! builds `verify_replicas`; this is the reference the library runs when
+//! asked for the strict check ([`InitSync::Verify`]). By default the
+//! finished wrapper does what PyTorch's `DistributedDataParallel` does
+//! instead: after the same structure check, [`sync_module_states`] copies
+//! rank 0's parameters and buffers to every rank ([`InitSync::Broadcast`]).
 
 use tch::{nn, Tensor};
 
@@ -61,16 +65,17 @@ fn describe_dist_error(error: &DistError) -> String {
     }
 }
 
-/// A fingerprint of a tensor's name, dtype and shape: the same on every rank
-/// and every run.
+/// A fingerprint of a tensor's name, dtype, shape and whether it requires
+/// grad (a parameter frozen on one rank only would leave the ranks'
+/// buckets different): the same on every rank and every run.
 fn structure_fingerprint(name: &str, tensor: &Tensor) -> i64 {
-    fnv1a(&format!("{name}|{:?}|{:?}", tensor.kind(), tensor.size()))
+    fnv1a(&format!("{name}|{:?}|{:?}|{}", tensor.kind(), tensor.size(), tensor.requires_grad()))
 }
 
 // ANCHOR: structure
 /// Checks, before any value is compared, that every rank holds the same list
-/// of tensors: the same count, and at each position the same name, dtype and
-/// shape. Without it, a rank with an extra layer would pair its tensors with
+/// of tensors: the same count, and at each position the same name, dtype,
+/// shape and `requires_grad`. Without it, a rank with an extra layer would pair its tensors with
 /// the wrong tensors of its peers, or wait for a call its peers never make.
 /// On a difference every rank fails, at the same position: none goes on
 /// alone.
@@ -98,9 +103,11 @@ pub fn check_same_structure(pg: &dyn ProcessGroup, named: &[Named], what: &str) 
     for (i, (name, tensor)) in named.iter().enumerate() {
         let differing: Vec<usize> = (0..all.len()).filter(|&r| all[r][i] != mine[i]).collect();
         if !differing.is_empty() {
+            let frozen = if tensor.requires_grad() { "" } else { " (requires_grad false)" };
             let detail = format!(
-                "{} #{i} is `{name}` {:?}{:?} on rank {}, but not on rank(s) {differing:?} \
-                 (they have a different name, dtype or shape there)",
+                "{} #{i} is `{name}` {:?}{:?}{frozen} on rank {}, but not on rank(s) {differing:?} \
+                 (they have a different name, dtype, shape or requires_grad there: freeze a \
+                 parameter on every rank or on none)",
                 what.trim_end_matches('s'), // "parameter #2"
                 tensor.kind(),
                 tensor.size(),
@@ -154,13 +161,59 @@ pub fn verify_replicas(pg: &dyn ProcessGroup, named: &[(String, Tensor)]) -> Res
 }
 // ANCHOR_END: verify_replicas
 
-/// How a wrapper compares the replicas' values: [`verify_replicas`], or
-/// chapter 2's through `ddp::seams` (which alone exports this name).
+/// PyTorch's `_sync_module_states`, which `DistributedDataParallel` runs at
+/// construction: copies rank 0's value of each tensor of `named` into every
+/// rank's, in place. After [`check_same_structure`], so that every rank
+/// receives into a tensor of the same dtype and shape. A rank that seeded
+/// differently, or loaded a checkpoint alone, then holds rank 0's model.
+pub fn sync_module_states(pg: &dyn ProcessGroup, named: &[Named]) -> Result<(), InitError> {
+    for (_, tensor) in named {
+        // The same memory outside autograd: libtorch refuses an in-place
+        // write into a leaf that requires grad.
+        let mut shared = tensor.detach();
+        pg.broadcast(&mut shared, 0)?;
+    }
+    Ok(())
+}
+
+/// How a wrapper compares the replicas' values, or makes them equal:
+/// [`verify_replicas`], [`sync_module_states`], or chapter 2's check through
+/// `ddp::seams` (which alone exports this name).
 pub type ReplicaCheck = fn(&dyn ProcessGroup, &[Named]) -> Result<(), InitError>;
 
-/// The parameters (registration order) and buffers (by name) of `vs`, once
-/// [`check_same_structure`] and `check` have shown that every rank holds
-/// bitwise the same ones.
+/// How the finished wrapper makes sure, at construction, that every rank
+/// starts from the same model (PyTorch's `init_sync`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InitSync {
+    /// PyTorch's `DistributedDataParallel(init_sync=True)`, the default:
+    /// check that every rank holds the same tensors (names, dtypes, shapes),
+    /// then broadcast rank 0's parameters and buffers ([`sync_module_states`]).
+    #[default]
+    Broadcast,
+    /// Chapter 2's strict check: the same structure check, then refuse, on
+    /// every rank, a model whose values differ from rank 0's anywhere
+    /// ([`verify_replicas`], [`InitError::ReplicaMismatch`]); nothing is
+    /// changed. For a run that must prove its ranks built the same model.
+    Verify,
+}
+
+impl InitSync {
+    /// The function that compares (or copies) the values.
+    pub fn check(self) -> ReplicaCheck {
+        match self {
+            InitSync::Broadcast => sync_module_states,
+            InitSync::Verify => verify_replicas,
+        }
+    }
+}
+
+/// The parameters that require grad (registration order, each tensor once)
+/// and the buffers (by name) of `vs`, once [`check_same_structure`] has shown
+/// that every rank holds the same ones and `check` has compared their values
+/// (or made them equal). A parameter frozen after building
+/// (`set_requires_grad(false)`) is checked (or broadcast) with the others but
+/// is not returned: autograd gives it no gradient, and PyTorch's DDP leaves it
+/// out of its buckets too.
 pub fn verified_tensors(
     vs: &nn::VarStore,
     pg: &dyn ProcessGroup,
@@ -172,5 +225,6 @@ pub fn verified_tensors(
     check(pg, &parameters)?;
     check_same_structure(pg, &buffers, "buffers")?;
     check(pg, &buffers)?;
-    Ok((parameters, buffers))
+    let trained = parameters.into_iter().filter(|(_, p)| p.requires_grad()).collect();
+    Ok((trained, buffers))
 }

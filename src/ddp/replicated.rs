@@ -17,8 +17,9 @@ use crate::models::Named;
 /// and remembers its tensors in a fixed order, the same on every rank.
 pub struct Replicated<M: Module> {
     module: M,
-    /// Trainable tensors, in registration order (shallow handles: they share
-    /// storage, and `.grad()`, with the model).
+    /// The parameters that require grad, in registration order, each tensor
+    /// once (shallow handles: they share storage, and `.grad()`, with the
+    /// model). A parameter frozen before wrapping is not among them.
     parameters: Vec<Named>,
     /// Non-trainable tensors (buffers), sorted by name.
     buffers: Vec<Named>,
@@ -35,7 +36,8 @@ impl<M: Module> Replicated<M> {
     }
 
     /// [`new`](Self::new), comparing the values with `check`: the library's
-    /// [`verify_replicas`], or chapter 2's through `ddp::seams`.
+    /// [`verify_replicas`], its broadcast ([`InitSync::Broadcast`](super::InitSync),
+    /// the finished wrapper's default), or chapter 2's through `ddp::seams`.
     pub(crate) fn checked_with(
         module: M,
         vs: &nn::VarStore,
@@ -77,7 +79,8 @@ impl<M: Module> Replicated<M> {
         self.process_group.world_size()
     }
 
-    /// The trainable tensors, in registration order.
+    /// The parameters that require grad, in registration order, each tensor
+    /// once (tied weights are one parameter): the ones DDP averages.
     pub fn parameters(&self) -> &[Named] {
         &self.parameters
     }

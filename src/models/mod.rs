@@ -23,31 +23,42 @@ pub type Named = (String, Tensor);
 /// The trainable variables of `vs` with their names, in registration order:
 /// the order in which the model created them, from the first layer to the
 /// last. Tensors are shallow handles: they share storage (and `.grad()`) with
-/// the model.
+/// the model. A parameter frozen after building (`set_requires_grad(false)`)
+/// is still listed, as in PyTorch's `named_parameters()`.
+///
+/// A tensor registered under several names (tied weights: one tensor used by
+/// two layers, added with `path.add(name, tensor.shallow_clone(), true)`) is
+/// listed once, as PyTorch's `named_parameters()` lists a shared parameter
+/// once: at its first registration, under the first of its names in sorted
+/// order (tch keeps no order of names, and every rank must pick the same one).
+/// Listed twice, it would be stepped twice and its gradient sent twice.
 pub fn named_parameters(vs: &VarStore) -> Vec<Named> {
     let variables = vs.variables_.lock().unwrap_or_else(|p| p.into_inner());
-    variables
-        .trainable_variables
-        .iter()
-        .map(|var| {
-            let name = variables
-                .named_variables
-                .iter()
-                .find(|(_, t)| t.data_ptr() == var.tensor.data_ptr())
-                .map(|(name, _)| name.clone())
-                .expect("every trainable variable of a VarStore has a name");
-            (name, var.tensor.shallow_clone())
-        })
-        .collect()
+    let mut names: Vec<(&String, &Tensor)> = variables.named_variables.iter().collect();
+    names.sort_by(|a, b| a.0.cmp(b.0)); // a HashMap's order differs from map to map
+    let mut listed: Vec<Named> = Vec::new();
+    for var in &variables.trainable_variables {
+        // `is_set_to`: the same storage, offset, sizes and strides, i.e. the
+        // same tensor. (Data pointers would also pair two empty tensors.)
+        if listed.iter().any(|(_, t)| t.is_set_to(&var.tensor)) {
+            continue; // tied: already listed at its first registration
+        }
+        let name = names
+            .iter()
+            .find(|(_, t)| t.is_set_to(&var.tensor))
+            .map(|(name, _)| (*name).clone())
+            .expect("every trainable variable of a VarStore has a name");
+        listed.push((name, var.tensor.shallow_clone()));
+    }
+    listed
 }
 
 /// The non-trainable variables of `vs` (buffers, such as running statistics),
 /// sorted by name.
 pub fn named_buffers(vs: &VarStore) -> Vec<Named> {
-    let trainable: Vec<*mut std::ffi::c_void> =
-        named_parameters(vs).iter().map(|(_, t)| t.data_ptr()).collect();
+    let trainable = named_parameters(vs);
     let mut buffers: Vec<Named> =
-        vs.variables().into_iter().filter(|(_, t)| !trainable.contains(&t.data_ptr())).collect();
+        vs.variables().into_iter().filter(|(_, t)| !trainable.iter().any(|(_, p)| p.is_set_to(t))).collect();
     buffers.sort_by(|a, b| a.0.cmp(&b.0));
     buffers
 }

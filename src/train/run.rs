@@ -19,7 +19,7 @@ use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
 use crate::ddp::Named;
 use crate::ddp::{
-    rows, train_step_with, BucketCaps, BucketingError, DistributedSampler, SamplerOptions,
+    rows, train_step_with, BucketCaps, BucketingError, DistributedSampler, InitSync, SamplerOptions,
     SimpleDistributedDataParallelism, MIB,
 };
 use crate::dist::Group;
@@ -275,7 +275,10 @@ pub fn wrap_model(
     let cap_bytes = ((config.bucket_cap_mb * MIB as f64) as usize).max(1);
     let caps =
         BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) };
-    let ddp = SimpleDistributedDataParallelism::with_bucket_caps(gpt, vs, pg, caps)?;
+    // The strict check (chapter 2), not PyTorch's broadcast: every rank built
+    // or restored the same weights, and a rank that did not is a bug to
+    // report, not to paper over.
+    let ddp = SimpleDistributedDataParallelism::with_init_sync(gpt, vs, pg, caps, InitSync::Verify)?;
     if config.bf16_gradients {
         ddp.register_comm_hook(crate::ddp::bf16_compress_hook); // each bucket travels as bf16
     }

@@ -1,6 +1,7 @@
 //! The finished DDP wrapper: [`SimpleDistributedDataParallelism`], everything
-//! the chapters built, as the training run uses it. Replicas are checked at
-//! construction, gradients are averaged in buckets whose all-reduces leave
+//! the chapters built, as the training run uses it. At construction every
+//! rank gets rank 0's parameters and buffers (as PyTorch's wrapper does;
+//! chapter 2's strict check is an option), gradients are averaged in buckets whose all-reduces leave
 //! during [`backward`](SimpleDistributedDataParallelism::backward), except
 //! inside a [`no_sync`](SimpleDistributedDataParallelism::no_sync) scope,
 //! and a clock measures the time spent waiting for them after backward.
@@ -28,6 +29,7 @@ use tch::{TchError, Tensor};
 use crate::ddp::reducer::{
     Bucket, BucketCaps, BucketingError, CommHook, GradientBuckets, Reducer, StepRecord,
 };
+use crate::ddp::replica_check::InitSync;
 use crate::ddp::replicated::Replicated;
 use crate::dist::{DistError, Group};
 use no_sync::{NoSyncGuard, SyncSwitch};
@@ -68,7 +70,7 @@ pub enum UnusedParameters {
 
 // ANCHOR: wrapper
 /// A model replicated on every rank of a process group, with everything the
-/// chapters built: the replica check (chapter 2), gradients averaged in
+/// chapters built: equal replicas from the start (chapter 2), gradients averaged in
 /// buckets (chapters 3 and 5) that leave during backward (chapter 6) unless
 /// a `no_sync` scope is open (chapter 4), and a clock on the time spent
 /// waiting for them. The replicated model's accessors (`parameters`,
@@ -97,8 +99,12 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         Self::with_bucket_caps(module, vs, pg, BucketCaps::default())
     }
 
-    /// Wraps `module`, whose variables live in `vs`, after checking that every
-    /// rank of `pg` holds bitwise the same parameters and buffers, and plans
+    /// Wraps `module`, whose variables live in `vs`, as PyTorch's
+    /// `DistributedDataParallel(module)` does: after checking that every rank
+    /// of `pg` holds the same tensors (names, dtypes, shapes, which require
+    /// grad), it copies rank 0's parameters and buffers to every rank
+    /// ([`InitSync::Broadcast`]), so that ranks seeded differently, or a
+    /// checkpoint loaded on rank 0 only, still start alike. Then it plans
     /// its buckets with these caps. Every rank must call it, with the same
     /// caps; on a problem every rank gets the same error.
     pub fn with_bucket_caps(
@@ -107,7 +113,26 @@ impl<M: Module> SimpleDistributedDataParallelism<M> {
         pg: Group,
         caps: BucketCaps,
     ) -> Result<Self, BucketingError> {
-        let replicated = Replicated::new(module, vs, pg)?;
+        Self::with_init_sync(module, vs, pg, caps, InitSync::Broadcast)
+    }
+
+    /// [`with_bucket_caps`](Self::with_bucket_caps), making the replicas
+    /// equal as `init_sync` says: broadcast rank 0's values, or
+    /// ([`InitSync::Verify`]) only check that every rank holds bitwise rank
+    /// 0's and refuse the model otherwise, changing nothing (chapter 2).
+    ///
+    /// Only the parameters that require grad get buckets and hooks: one
+    /// frozen before wrapping (`set_requires_grad(false)`) is broadcast (or
+    /// checked) with the others and then left alone, as in PyTorch. A tensor
+    /// used by two layers (tied weights) is one parameter, averaged once.
+    pub fn with_init_sync(
+        module: M,
+        vs: &nn::VarStore,
+        pg: Group,
+        caps: BucketCaps,
+        init_sync: InitSync,
+    ) -> Result<Self, BucketingError> {
+        let replicated = Replicated::checked_with(module, vs, pg, init_sync.check())?;
         let pg = replicated.process_group().clone();
         let buckets = GradientBuckets::plan(pg.as_ref(), replicated.parameters(), caps)?;
         let reducer = Reducer::new(pg, replicated.parameters(), buckets).map_err(BucketingError::Dist)?;
