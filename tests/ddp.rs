@@ -54,6 +54,37 @@ fn no_sync_on_one_rank_only_fails_within_the_step_on_every_rank() {
 }
 
 #[test]
+fn no_sync_guards_dropped_out_of_order_keep_sync_off_until_the_last_closes() {
+    // Two guards, the first dropped first (possible with `drop` or by
+    // moving a guard): while either is open nothing may sync, and once both
+    // are closed every backward must sync again, as one process expects.
+    let all_reduces = spawn_with(spawn_options(2), |pg| {
+        let (rank, data) = (pg.rank(), Regression::new(1, 8, 4, 1, Kind::Double));
+        let (vs, model) = Mlp::seeded(2, SIZES, Kind::Double);
+        let ddp = SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg, SMALL)?;
+        let calls = || ddp.stats().all_reduce;
+        let (x, y) = data.batch(4 * rank as i64, 4);
+        let (first, second) = (ddp.no_sync(), ddp.no_sync());
+        drop(first);
+        let (on_inside, before) = (ddp.require_backward_grad_sync(), calls());
+        ddp.backward(&mse(&ddp.forward(&x), &y))?;
+        let inside = calls() - before;
+        drop(second);
+        let (on_after, before) = (ddp.require_backward_grad_sync(), calls());
+        ddp.backward(&mse(&ddp.forward(&x), &y))?;
+        Ok((on_inside, inside, on_after, calls() - before))
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    for (rank, &(on_inside, inside, on_after, after)) in all_reduces.iter().enumerate() {
+        assert!(
+            !on_inside && inside == 0,
+            "rank {rank}: the second guard is open, yet it synced ({inside} all-reduces)"
+        );
+        assert!(on_after && after > 0, "rank {rank}: both guards are closed, yet it did not sync");
+    }
+}
+
+#[test]
 fn micro_batch_size_refuses_zero_ranks_and_overflow_instead_of_panicking() {
     use ddp_workbook::ddp::micro_batch_size;
     let zero_ranks = micro_batch_size(32, 0, 2).expect_err("zero ranks cannot share a batch").to_string();

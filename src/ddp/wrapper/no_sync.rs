@@ -14,23 +14,29 @@ use std::cell::Cell;
 
 use crate::dist::DistError;
 
-/// Whether `backward` averages the gradients over the ranks. A `Cell`, so
-/// that a guard holding only `&self` can flip it while `forward` and
-/// `backward`, which also take `&self`, stay callable inside its scope.
+/// Whether `backward` averages the gradients over the ranks: on unless it
+/// was set off by hand or a `no_sync` guard is open. `Cell`s, so that a
+/// guard holding only `&self` can flip it while `forward` and `backward`,
+/// which also take `&self`, stay callable inside its scope.
 #[derive(Debug)]
 pub struct SyncSwitch {
+    /// What [`set`](Self::set) (and chapter 4's scope) last wrote.
     require_backward_grad_sync: Cell<bool>,
+    /// How many [`NoSyncGuard`]s are open. A count, not a saved state per
+    /// guard: guards dropped in any order leave the switch off until the
+    /// last one closes, and then as `set` left it.
+    open_guards: Cell<usize>,
 }
 
 impl SyncSwitch {
     /// A switch that starts on: every `backward` syncs.
     pub fn new() -> Self {
-        SyncSwitch { require_backward_grad_sync: Cell::new(true) }
+        SyncSwitch { require_backward_grad_sync: Cell::new(true), open_guards: Cell::new(0) }
     }
 
     /// Whether the next `backward` will average the gradients.
     pub fn is_on(&self) -> bool {
-        self.require_backward_grad_sync.get()
+        self.require_backward_grad_sync.get() && self.open_guards.get() == 0
     }
 
     /// Runs `sync` if the switch is on, and nothing if a `no_sync` scope is
@@ -44,12 +50,14 @@ impl SyncSwitch {
 
     /// Sets the switch by hand (the "explicit flag" style). Prefer
     /// [`no_sync`](Self::no_sync), which cannot forget to turn it back on.
+    /// While a guard is open the switch stays off whatever this sets.
     pub fn set(&self, on: bool) {
         self.require_backward_grad_sync.set(on);
     }
 
     /// Opens a `no_sync` scope: the switch is off until the guard is dropped,
-    /// then back to what it was (also on `?` and on panic, and when nested):
+    /// then back to what it was (also on `?` and on panic, and when nested,
+    /// and when guards are dropped in another order than they were opened):
     ///
     /// ```
     /// use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -69,13 +77,18 @@ impl SyncSwitch {
     ///     assert!(caught.is_err() && !switch.is_on(), "and so does a panic out of one");
     /// }
     /// assert!(switch.is_on(), "closing the outermost scope turns it back on");
+    /// let (first, second) = (switch.no_sync(), switch.no_sync());
+    /// drop(first); // out of order: the second is still open
+    /// assert!(!switch.is_on(), "a guard still open keeps the switch off");
+    /// drop(second);
+    /// assert!(switch.is_on(), "and the last one to close turns it back on");
     /// switch.set(false);
     /// drop(switch.no_sync());
     /// assert!(!switch.is_on(), "a scope opened while the switch was off leaves it off");
     /// ```
     pub fn no_sync(&self) -> NoSyncGuard<'_> {
-        let previous = self.require_backward_grad_sync.replace(false);
-        NoSyncGuard { switch: &self.require_backward_grad_sync, previous }
+        self.open_guards.set(self.open_guards.get() + 1);
+        NoSyncGuard { open_guards: &self.open_guards }
     }
 
     /// The switch itself, for chapter 4's scope (through `ddp::seams`).
@@ -91,13 +104,13 @@ impl Default for SyncSwitch {
 }
 
 // ANCHOR: guard
-/// An open `no_sync` scope. While it lives, `backward` only accumulates;
-/// dropping it puts the switch back to the state it found.
+/// An open `no_sync` scope. While it (or any other guard of its switch)
+/// lives, `backward` only accumulates; once the last one is dropped, the
+/// switch is as it was before the first opened.
 #[must_use = "the no_sync scope ends when the guard is dropped: bind it with `let _guard = ddp.no_sync();`"]
 pub struct NoSyncGuard<'a> {
-    switch: &'a Cell<bool>,
-    /// The switch's state when this guard turned it off.
-    previous: bool,
+    /// The switch's count of open guards, this one included.
+    open_guards: &'a Cell<usize>,
 }
 
 impl Drop for NoSyncGuard<'_> {
@@ -105,7 +118,8 @@ impl Drop for NoSyncGuard<'_> {
         // Runs on every way out of the scope: the end of the block, `return`
         // or `?`, and a panic unwinding through it. Only a `Cell::set` here:
         // a panic inside `drop` while a panic unwinds aborts the process.
-        self.switch.set(self.previous);
+        // (Each guard counted itself in, so the count is at least 1.)
+        self.open_guards.set(self.open_guards.get().saturating_sub(1));
     }
 }
 // ANCHOR_END: guard
