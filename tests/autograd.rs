@@ -169,3 +169,39 @@ fn two_guards_on_one_parameter_both_fire_and_dropping_either_keeps_the_other() {
     model.forward(&input()).sum(None).backward();
     assert_eq!(second_calls.lock().unwrap().len(), 2 * params.len(), "no hook is left after both drop");
 }
+
+#[test]
+fn dropping_the_guard_while_backward_runs_on_another_thread_waits_for_the_running_hook() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    // The first hook to fire says so and takes its time; meanwhile this
+    // thread drops the guard. The drop must wait for that callback (its
+    // context is freed right after), and no hook may run once it returned.
+    let (vs, model) = mlp();
+    let params: Vec<Tensor> = named_parameters(&vs).into_iter().map(|(_, p)| p).collect();
+    let (inside, hook_is_running) = std::sync::mpsc::channel::<()>();
+    let (calls, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None::<Instant>)));
+    let (counted, finishing, inside) = (calls.clone(), finished.clone(), Mutex::new(inside));
+    let hooks = GradReadyHooks::register(&params, move |_| {
+        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+            inside.lock().unwrap().send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            *finishing.lock().unwrap() = Some(Instant::now());
+        }
+    })
+    .expect("the hooks register");
+    let backward = std::thread::spawn(move || model.forward(&input()).sum(None).backward());
+    hook_is_running.recv().expect("a hook fires on the backward thread");
+    drop(hooks);
+    let dropped = Instant::now();
+    let calls_when_dropped = calls.load(Ordering::SeqCst);
+    backward.join().expect("backward ends");
+    let finished = finished.lock().unwrap().expect("the running callback finished");
+    assert!(
+        dropped >= finished,
+        "the guard's drop returned {:?} before the callback running on the backward thread had \
+         finished, and freed what that callback uses",
+        finished - dropped
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), calls_when_dropped, "a hook ran after the guard was dropped");
+}

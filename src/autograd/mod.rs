@@ -92,7 +92,10 @@ extern "C" fn grad_ready(context: *mut c_void, index: i64) {
 /// "Gradient ready" hooks on a list of parameters: after each backward pass
 /// accumulates parameter `i`'s gradient, the callback runs with `i` (the
 /// gradient is final then). Dropping the guard removes its own hooks, so no
-/// callback can outlive what it uses. Several guards may hook the same
+/// callback can outlive what it uses; also while backward runs on another
+/// thread: the drop waits for a callback of this guard that is running, and
+/// none runs once it has returned. (So a callback must not drop or register
+/// hooks itself: it would wait for itself.) Several guards may hook the same
 /// parameter (two wrappers on one model): each fires, in registration
 /// order, and dropping one leaves the others' hooks in place.
 pub struct GradReadyHooks {
@@ -162,7 +165,8 @@ impl Drop for GradReadyHooks {
                 std::process::abort();
             }
         }
-        // SAFETY: from `Box::into_raw` in `register`; no hook points at it now.
+        // SAFETY: from `Box::into_raw` in `register`; no hook points at it
+        // now, and none is running (the shim's removal waited for it).
         drop(unsafe { Box::from_raw(self.context) });
     }
 }

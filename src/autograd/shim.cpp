@@ -15,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -33,15 +34,26 @@ namespace {
 // post-accumulate hook in each leaf, so every Rust registration on that leaf
 // is an entry of this list, and each guard removes only its own entry (two
 // wrappers on one model must not clobber each other's hooks).
+//
+// A guard may be dropped on one thread while backward runs the hooks on
+// another. So the entries are read and changed under `mutex` only: a removal
+// waits for a callback of this leaf that is running, and no callback starts
+// on an entry once its removal has returned (Rust then frees the entry's
+// context). And the object is never taken out of the leaf once made: autograd
+// may hold a pointer to it in the middle of a backward pass; with no entry
+// left it calls nothing, and it goes with the leaf.
 struct RustHooks : torch::autograd::PostAccumulateGradHook {
   struct Entry {
     ddp_grad_ready_fn callback;
     void *context;
     int64_t index;
   };
+  std::mutex mutex;
   std::vector<Entry> entries;
   void operator()(const torch::autograd::Variable & /*tensor*/) override {
-    // The callbacks only mark gradients ready; none adds or removes a hook.
+    // The callbacks only mark gradients ready; none adds or removes a hook
+    // (that would wait for this lock forever).
+    std::lock_guard<std::mutex> lock(mutex);
     for (const Entry &entry : entries) entry.callback(entry.context, entry.index);
   }
 };
@@ -73,8 +85,9 @@ extern "C" {
 
 // Adds (callback, context, index) to the hooks that run after `tensor`'s
 // gradient is accumulated. `tensor` is the at::Tensor* of a leaf that requires
-// grad. A null callback removes every entry of `context` from this leaf (and
-// the hook itself once no entry is left); entries of other contexts stay.
+// grad. A null callback removes every entry of `context` from this leaf,
+// after any callback of this leaf running on another thread has returned;
+// entries of other contexts stay.
 int ddp_set_grad_ready_hook(void *tensor, ddp_grad_ready_fn callback, void *context, int64_t index,
                             char *error, size_t error_len) {
   try {
@@ -82,18 +95,19 @@ int ddp_set_grad_ready_hook(void *tensor, ddp_grad_ready_fn callback, void *cont
     RustHooks *hooks = rust_hooks(leaf);
     if (callback == nullptr) {
       if (hooks == nullptr) return 0;
+      std::lock_guard<std::mutex> lock(hooks->mutex);  // waits for a running callback
       auto &entries = hooks->entries;
       entries.erase(std::remove_if(entries.begin(), entries.end(),
                                    [context](const RustHooks::Entry &e) { return e.context == context; }),
                     entries.end());
-      if (entries.empty()) torch::autograd::impl::set_post_acc_grad_hooks(leaf, nullptr);
-      return 0;
+      return 0;  // the (maybe empty) object stays: see RustHooks
     }
     if (hooks == nullptr) {
       auto fresh = std::make_unique<RustHooks>();
       hooks = fresh.get();
       torch::autograd::impl::set_post_acc_grad_hooks(leaf, std::move(fresh));
     }
+    std::lock_guard<std::mutex> lock(hooks->mutex);
     hooks->entries.push_back({callback, context, index});
     return 0;
   } catch (const std::exception &e) {
