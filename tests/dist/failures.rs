@@ -337,3 +337,46 @@ fn a_recv_that_times_out_asks_whether_the_sender_sends() {
     assert!(message.contains("is rank 0 sending to this rank?"), "{message}");
     assert!(!message.contains("same calls in the same order"), "that hint is for collectives: {message}");
 }
+
+#[test]
+fn asynchronous_all_reduces_behind_a_silent_peer_time_out_one_timeout_after_their_call() {
+    // Rank 0 starts four asynchronous all-reduces at once; rank 1 is alive
+    // but makes none. Each call's deadline counts from the call, so all four
+    // fail after about one timeout, not one timeout after the one before
+    // (they wait in rank 0's communication thread one behind the other).
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    let rank_0_done = std::sync::atomic::AtomicBool::new(false);
+    let results =
+        ddp_workbook::dist::spawn_with(ddp_workbook::dist::SpawnOptions::new(2).timeout(TIMEOUT), |pg| {
+            if pg.rank() == 1 {
+                let started = Instant::now(); // alive, and silent, until rank 0 has seen every failure
+                while !rank_0_done.load(std::sync::atomic::Ordering::SeqCst) && started.elapsed() < PROMPT {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                return Ok(vec![]);
+            }
+            let called = Instant::now();
+            let works: Vec<_> = (0..4)
+                .map(|_| pg.all_reduce_async(&one(Kind::Float), ReduceOp::Sum))
+                .collect::<Result<_, _>>()?;
+            let failed: Vec<(Duration, String)> = works
+                .into_iter()
+                .map(|work| match work.wait() {
+                    Err(error @ DistError::Timeout { .. }) => (called.elapsed(), error.to_string()),
+                    other => panic!("rank 0: expected a Timeout, got {other:?}"),
+                })
+                .collect();
+            rank_0_done.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(failed)
+        })
+        .unwrap_or_else(|error| panic!("{error}"));
+    for (call, (after, message)) in results[0].iter().enumerate() {
+        println!("call {call}: failed {after:?} after it was made: {message}");
+        assert!(message.contains("[1]"), "call {call} must name the silent rank 1: {message}");
+        assert!(
+            *after < 2 * TIMEOUT,
+            "call {call} failed {after:?} after it was made, with a timeout of {TIMEOUT:?}: its deadline \
+             started when the communication thread got to it, not when it was called"
+        );
+    }
+}

@@ -108,19 +108,18 @@ fn bytes(tensor: &Tensor) -> u64 {
     (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64
 }
 
-/// This rank's side of all-reduce `seq`, then, with a simulated link, a
-/// wait for the link's time. The link's clock starts when the call
-/// completes here, that is once every rank has joined: no byte can cross
-/// the link before the last rank has handed its tensor over.
+/// This rank's side of all-reduce `seq`, called at `called`, then, with a
+/// simulated link, a wait for the link's time. The link's clock starts when
+/// the call completes here, that is once every rank has joined: no byte can
+/// cross the link before the last rank has handed its tensor over.
 fn finish_all_reduce(
     world: &World,
-    rank: usize,
-    seq: u64,
+    (rank, seq, called): (usize, u64, Instant),
     name: &str,
     output: &mut Tensor,
     link_time: Option<Duration>,
 ) -> Result<(), DistError> {
-    world.complete_all_reduce(rank, seq, name, output)?;
+    world.complete_all_reduce(rank, seq, name, output, called)?;
     if let Some(link_time) = link_time {
         sleep_until(Instant::now() + link_time);
     }
@@ -156,11 +155,12 @@ impl ProcessGroup for LocalProcessGroup {
         // On this thread: no hand-over to the communication thread to wait for.
         let (seq, name) = self.begin_all_reduce(tensor, op)?;
         let link_time = self.link_time(tensor);
-        finish_all_reduce(&self.world, self.rank, seq, &name, tensor, link_time)
+        finish_all_reduce(&self.world, (self.rank, seq, Instant::now()), &name, tensor, link_time)
     }
 
     fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
         let (seq, name) = self.begin_all_reduce(tensor, op)?;
+        let called = Instant::now(); // its deadline counts from here, not from when the thread gets to it
         let comm = self.comm.get_or_init(|| {
             CommThread::start(format!("comm-{}", self.global_rank())).map_err(|e| e.to_string())
         });
@@ -173,8 +173,9 @@ impl ProcessGroup for LocalProcessGroup {
         let (world, rank, done) = (self.world.clone(), self.rank, Arc::new(Completion::default()));
         let (mut output, result, job_name) = (tensor.shallow_clone(), done.clone(), name.clone());
         let link_time = self.link_time(tensor);
-        let queued = comm
-            .run(move || result.set(finish_all_reduce(&world, rank, seq, &job_name, &mut output, link_time)));
+        let queued = comm.run(move || {
+            result.set(finish_all_reduce(&world, (rank, seq, called), &job_name, &mut output, link_time))
+        });
         if !queued {
             self.world.give_up(rank, seq);
             return Err(self.invalid("all_reduce", "this rank's communication thread has stopped"));

@@ -126,7 +126,7 @@ impl World {
         op_name: &str,
         take: impl FnOnce(&[Tensor]) -> Result<T, tch::TchError>,
     ) -> Result<T, DistError> {
-        match self.rendezvous(rank, seq, op_name)? {
+        match self.rendezvous(rank, seq, op_name, Instant::now())? {
             Ready::Shared(shared) => tch::no_grad(|| take(&shared)).map_err(|cause| DistError::Torch {
                 rank: self.global[rank],
                 op: op_name.to_string(),
@@ -144,15 +144,20 @@ impl World {
     }
 
     /// An all_reduce: waits for it, then puts the result in `output` (this
-    /// rank's own tensor, for a split reduction already there).
+    /// rank's own tensor, for a split reduction already there). Its deadline
+    /// counts from `called`, when the caller made the call: an asynchronous
+    /// one waits in the communication thread's queue behind earlier calls,
+    /// and that wait counts too (else each queued call would restart the
+    /// clock, and N calls behind a silent peer would fail after N timeouts).
     pub fn complete_all_reduce(
         &self,
         rank: usize,
         seq: u64,
         op_name: &str,
         output: &mut Tensor,
+        called: Instant,
     ) -> Result<(), DistError> {
-        match self.rendezvous(rank, seq, op_name)? {
+        match self.rendezvous(rank, seq, op_name, called)? {
             Ready::Split(split) => self.finish_split(rank, &split, op_name),
             Ready::Shared(shared) => tch::no_grad(|| output.f_copy_(&shared[0])).map_err(|cause| {
                 DistError::Torch { rank: self.global[rank], op: op_name.to_string(), cause }
@@ -161,11 +166,12 @@ impl World {
     }
 
     /// Waits until every rank has joined call `seq`, or fails for the rules
-    /// in this file's comment; then what the call produced.
-    fn rendezvous(&self, rank: usize, seq: u64, op_name: &str) -> Result<Ready, DistError> {
+    /// in this file's comment; then what the call produced. The timeout
+    /// counts from `called`.
+    fn rendezvous(&self, rank: usize, seq: u64, op_name: &str, called: Instant) -> Result<Ready, DistError> {
         let op = || op_name.to_string();
         let (me, global) = (self.global[rank], &self.global);
-        let deadline = Instant::now().checked_add(self.timeout);
+        let deadline = called.checked_add(self.timeout);
         let (mut guard, mut watched) = (self.lock(), false);
         loop {
             let state = &mut *guard;

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
 
@@ -90,7 +90,8 @@ impl MpiProcessGroup {
         signature: Option<String>,
     ) -> Result<Arc<Done>, DistError> {
         let done = Arc::new(Done::default());
-        let job = Job { comm: self.comm, action, name: name.clone(), signature, done: done.clone() };
+        let queued = Instant::now();
+        let job = Job { comm: self.comm, action, name: name.clone(), signature, done: done.clone(), queued };
         let sent = self.shared.commands.lock().unwrap_or_else(|p| p.into_inner()).send(Command::Run(job));
         sent.map_err(|_| DistError::Broken {
             rank: self.shared.world_rank,

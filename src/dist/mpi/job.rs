@@ -44,6 +44,9 @@ pub(crate) struct Job {
     /// new_group and point-to-point shapes); `None` skips the exchange.
     pub signature: Option<String>,
     pub done: Arc<Done>,
+    /// When the caller handed it over: its deadline counts from here, not
+    /// from when the communication thread takes it (it may be busy).
+    pub queued: Instant,
 }
 
 /// What a finished call gives back.
@@ -81,10 +84,11 @@ pub(crate) struct Active {
 }
 
 impl Active {
+    /// The job, due `timeout` after its caller queued it.
     pub fn new(job: Job, timeout: Duration) -> Self {
         let mut own_signature = job.signature.clone().unwrap_or_default().into_bytes();
         own_signature.truncate(SIGNATURE_BYTES);
-        let deadline = Instant::now() + timeout;
+        let deadline = job.queued + timeout;
         Active {
             job,
             deadline,

@@ -55,6 +55,10 @@ struct Inner {
 struct Pending {
     done: Event,
     _keep: Vec<Tensor>,
+    /// When the call was made: its deadline counts from here, not from
+    /// when a caller waits for it (an asynchronous all-reduce is waited for
+    /// at the end of backward).
+    called: Instant,
 }
 
 /// One rank of an NCCL communicator, on one GPU. Make it with
@@ -141,6 +145,7 @@ impl NcclProcessGroup {
         keep: Vec<Tensor>,
         calls: impl FnOnce(&Comm) -> Result<(), String>,
     ) -> Result<Pending, DistError> {
+        let called = Instant::now();
         self.inner.open(op)?;
         let comm = self.inner.comm.lock().unwrap_or_else(|p| p.into_inner());
         let queued = (|| {
@@ -153,7 +158,7 @@ impl NcclProcessGroup {
         })();
         drop(comm);
         match queued {
-            Ok(done) => Ok(Pending { done, _keep: keep }),
+            Ok(done) => Ok(Pending { done, _keep: keep, called }),
             Err(cause) => {
                 let error = self.inner.fail(op, format!("queueing it failed: {cause}"));
                 self.inner.keep_queued(keep); // part of the call may have been queued
@@ -238,9 +243,9 @@ impl Inner {
     }
 
     /// The wait: the call's event, the communicator's own errors, a peer's
-    /// failure, and the deadline.
+    /// failure, and the deadline, `timeout` after the call was made.
     fn wait_for(&self, op: &str, pending: &Pending) -> Result<(), DistError> {
-        let (started, deadline) = (Instant::now(), Instant::now() + self.timeout);
+        let (started, deadline) = (Instant::now(), pending.called + self.timeout);
         // The waiting thread may never have touched this GPU (a Work handed
         // to another thread): event queries need the context current.
         if let Err(cause) = self.comm.lock().unwrap_or_else(|p| p.into_inner()).device.bind() {

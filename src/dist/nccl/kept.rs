@@ -30,7 +30,7 @@ impl Inner {
         let behind = comm.device.bind().and_then(|()| Event::record_on(comm.stream));
         drop(comm);
         match behind {
-            Ok(done) => self.keep(Pending { done, _keep: tensors }),
+            Ok(done) => self.keep(Pending { done, _keep: tensors, called: std::time::Instant::now() }),
             Err(_) => std::mem::forget(tensors),
         }
     }

@@ -1,6 +1,7 @@
-//! Unit tests of the communication thread's ending (`engine.rs`): when it
-//! stops after a failure, the jobs MPI may still write into are kept (never
-//! freed) until the caller aborts the job. Nothing here calls MPI: the jobs
+//! Unit tests of the communication thread (`engine.rs`): when it stops
+//! after a failure, the jobs MPI may still write into are kept (never
+//! freed) until the caller aborts the job; and a job's deadline counts from
+//! when its caller queued it. Nothing here calls MPI: the jobs
 //! are put where a failure leaves them, and the thread is told to stop.
 //! Whether a job's buffers are freed is seen on its `Done`, which the job
 //! holds as long as it lives.
@@ -31,6 +32,7 @@ fn all_reduce_job() -> (Job, Arc<Done>) {
         name: "all_reduce(sum) of Float[1024] (call #0)".into(),
         signature: None,
         done: done.clone(),
+        queued: Instant::now(),
     };
     (job, done)
 }
@@ -75,5 +77,22 @@ fn a_call_still_in_flight_at_the_shutdown_deadline_keeps_its_buffers() {
         2,
         "the unfinished call's buffer was freed when the thread ended, before the caller could abort \
          the job"
+    );
+}
+
+#[test]
+fn a_jobs_deadline_counts_from_when_its_caller_queued_it() {
+    // The thread takes the job 5 s after the caller queued it (it was busy):
+    // the caller has waited 5 of its 60 s already.
+    let mut engine = Engine::new(unused_comm(), 0, 2, Duration::from_secs(60));
+    let (mut job, _done) = all_reduce_job();
+    let queued = Instant::now() - Duration::from_secs(5);
+    job.queued = queued;
+    engine.accept(job); // queued: a collective waits for the thread's next round
+    let deadline = engine.comms[0].queue[0].deadline;
+    assert_eq!(
+        deadline,
+        queued + Duration::from_secs(60),
+        "the deadline must count from the call, not from the thread taking it"
     );
 }
