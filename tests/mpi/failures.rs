@@ -184,16 +184,20 @@ fn ranks_that_disagree_get_a_mismatch_naming_both_calls_and_the_group_still_work
         expect_mismatch(pg.as_ref(), &["tagged \"bucket 0\"", "tagged \"bucket 1\""], || {
             tagged(tag, || pg.all_reduce(&mut t, ReduceOp::Sum))
         })?;
-        // Point to point: the receiver's dtype differs from the sender's.
+        // Point to point: the receiver's dtype differs from the sender's. The
+        // refused message must not land in the receiver's tensor (its 12
+        // bytes fit in the 24 of Int64[3]).
         if first {
             pg.send(&ones(3), 1)?;
         } else {
-            let mut into = Tensor::zeros([3], (Kind::Int64, Device::Cpu));
+            let mut into = Tensor::full([3], 7, (Kind::Int64, Device::Cpu));
             expect_mismatch(
                 pg.as_ref(),
                 &["rank 0 sent Float[3] but rank 1 receives into Int64[3]"],
                 || pg.recv(&mut into, 0),
             )?;
+            let untouched = into.equal(&Tensor::full([3], 7, (Kind::Int64, Device::Cpu)));
+            anyhow::ensure!(untouched, "a refused message was written into the receiver's tensor: {into:?}");
         }
         // Nothing moved: the communicator is intact.
         let mut t = ones(2);

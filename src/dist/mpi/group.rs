@@ -253,12 +253,14 @@ impl ProcessGroup for MpiProcessGroup {
             return Err(self.invalid(&op, "a rank cannot receive from itself"));
         }
         self.count(|s| s.recv += 1);
-        let (into, copied) = contiguous(tensor).map_err(self.torch(&op))?;
+        // Into a scratch buffer, always: the data's receive is posted with
+        // the signature's (point_to_point.rs), so a message found to be of
+        // another dtype or shape has already landed; the caller's tensor
+        // gets only a message that passed the check.
+        let into = Tensor::f_empty(tensor.size(), (tensor.kind(), Device::Cpu)).map_err(self.torch(&op))?;
         let signature = format!("{:?}{:?}", tensor.kind(), tensor.size());
         self.call(Action::Recv { into: into.shallow_clone(), src }, op.clone(), Some(signature))?;
-        if copied {
-            tch::no_grad(|| tensor.f_copy_(&into)).map_err(self.torch(&op))?;
-        }
+        tch::no_grad(|| tensor.f_copy_(&into)).map_err(self.torch(&op))?;
         Ok(())
     }
 
