@@ -113,7 +113,10 @@ unsafe impl Send for GradReadyHooks {}
 
 impl GradReadyHooks {
     /// Hooks every tensor of `params` (leaves that require grad) with
-    /// `callback`, which receives the tensor's index in `params`.
+    /// `callback`, which receives the tensor's index in `params`. Register
+    /// before any backward pass through these tensors runs on another
+    /// thread: libtorch's slot for the hook has no lock of its own (a drop
+    /// needs none: the slot never changes then).
     pub fn register(
         params: &[Tensor],
         callback: impl Fn(usize) + Send + Sync + 'static,

@@ -6,7 +6,7 @@
 //! process, seeded as rank 0, on the global batch; the strict check of
 //! chapter 2 stays available as `InitSync::Verify`.
 
-use super::common::{assert_matches_one_process, mse, run, spawn_options, Hints, Step, TOLERANCE};
+use super::common::{assert_matches_one_process, mse, run, spawn_options, Hints, Named, Step, TOLERANCE};
 use ddp_workbook::check::snapshot;
 use ddp_workbook::data::Regression;
 use ddp_workbook::ddp::{BucketCaps, BucketingError, InitError, InitSync, SimpleDistributedDataParallelism};
@@ -159,7 +159,7 @@ fn one_process(case: Case) -> Vec<Step> {
 /// Each rank seeded `SEED + rank`, wrapped with `init_sync`, trained on its
 /// shard of each global batch with SGD over `ddp.parameters()`: the state
 /// after each step, and the names the wrapper averages.
-fn ddp_ranks(case: Case) -> Vec<(Vec<Vec<(String, Tensor)>>, Vec<String>)> {
+fn ddp_ranks(case: Case) -> Vec<(Vec<Named>, Vec<String>)> {
     run(WORLD, |pg| {
         let rank = pg.rank() as i64;
         let (vs, net) = build(SEED + rank, case);
