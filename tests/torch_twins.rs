@@ -72,4 +72,3 @@ fn ch07_distributed_sampler_and_set_epoch() {
 fn ch08_training_loop_with_rank_0_checkpoints() {
     run_twin("ch08_training_run.py");
 }
-
