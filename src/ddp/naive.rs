@@ -1,7 +1,7 @@
 //! Spoiler: this file holds a reference answer to chapter 3's exercise,
 //! `sync_gradients` (`src/ch03_averaging/exercise.rs`), in the order sum,
 //! then divide. Working through the book? Write yours first; the book shows
-//! the parts of this file you need, and the answer at the end of the chapter.
+//! the parts of this file you need, and the answer on the solution page.
 //!
 //! The naive gradient sync: one all-reduce per parameter, SUM then divide by
 //! the world size. Chapter 3 of the book builds it. The finished wrapper

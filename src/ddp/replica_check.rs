@@ -1,7 +1,7 @@
 //! Spoiler: this file holds the reference answer to chapter 2's exercise,
 //! `verify_replicas` (`src/ch02_replicas/exercise.rs`). Working through the
 //! book? Write yours first; the book shows the parts of this file you need,
-//! and the answer at the end of the chapter.
+//! and the answer on the chapter's solution page.
 //!
 //! Identical replicas: before DDP trains anything, every rank must hold
 //! exactly the same model. [`check_same_structure`] proves that the ranks hold

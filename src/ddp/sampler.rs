@@ -1,7 +1,7 @@
 //! Spoiler: this file holds the reference answer to chapter 7's exercise,
 //! `samples_per_rank` and `epoch_shard` (`src/ch07_sharding/exercise.rs`).
 //! Working through the book? Write yours first; the book shows the parts of
-//! this file you need, and the answer at the end of the chapter.
+//! this file you need, and the answer on the chapter's solution page.
 //!
 //! The distributed sampler: every rank trains on its own, equal part of each
 //! epoch, with the semantics of PyTorch's `DistributedSampler` and, shuffled,

@@ -73,7 +73,7 @@ pub static CHECKS: &[Check] = &[
     },
     Check {
         name: "hints",
-        what: "each exercise has exactly three non-empty graded hints in its hints.md, and its chapter page shows every one",
+        what: "each exercise has exactly three non-empty graded hints in its hints.md, and its chapter page shows every one but never the answer, which is on the chapter's own -solution.md page",
         needs_libtorch: false,
         run: workbook::hints::suite_check,
     },

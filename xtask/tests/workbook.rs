@@ -106,6 +106,8 @@ fn chapter_with_hints(name: &str, hints: &str) -> std::path::PathBuf {
         .map(|h| format!("{{{{#include ../src/ch01_ring/hints.md:{}-{}}}}}\n", h.function, h.step))
         .collect();
     std::fs::write(root.join("chapters").join("01-ring.md"), format!("# Ring\n{page}")).expect("written");
+    let answer = "# Chapter 1's reference solution\n{{#include ../src/ch01_ring/solution.rs:plan}}\n";
+    std::fs::write(root.join("chapters").join("01-ring-solution.md"), answer).expect("written");
     root
 }
 
@@ -135,6 +137,68 @@ fn every_exercise_needs_exactly_three_hints_with_text() {
     let _ = std::fs::remove_dir_all(&root);
     let named: Vec<&str> = problems.iter().filter_map(|p| p.split('`').nth(1)).collect();
     assert_eq!(named, ["plan", "sync", "gather"], "{problems:#?}");
+}
+
+#[test]
+fn a_chapter_page_that_shows_the_answer_fails_the_hints_check() {
+    let three = |f: &str| (1..=3).map(|step| hint(f, step, "Some text.")).collect::<String>();
+    let hints_text = format!("{}{}{}", three("plan"), three("sync"), three("gather"));
+    let root = chapter_with_hints("spoilers", &hints_text);
+    let page = root.join("chapters").join("01-ring.md");
+    let shown = std::fs::read_to_string(&page).expect("readable");
+    // The solution page is not the chapter's page: its answer is no problem.
+    assert_eq!(hints::check_all(&root).expect("readable"), (9, vec![]));
+    for (spoiler, line) in [
+        ("{{#include ../src/ch01_ring/solution.rs:sync}}", "solution.rs"),
+        ("{{#include ../src/ddp/ring.rs:gather}}", "ring.rs:gather"),
+    ] {
+        std::fs::write(&page, format!("{shown}{spoiler}\n")).expect("written");
+        let (_, problems) = hints::check_all(&root).expect("readable");
+        assert_eq!(problems.len(), 1, "{spoiler}: {problems:#?}");
+        assert!(problems[0].contains("shows the answer") && problems[0].contains(line), "{problems:#?}");
+    }
+    // The stub's own anchors are not an answer.
+    std::fs::write(&page, format!("{shown}{{{{#include ../src/ch01_ring/exercise.rs:plan}}}}\n"))
+        .expect("written");
+    assert_eq!(hints::check_all(&root).expect("readable").1, Vec::<String>::new());
+    std::fs::remove_file(root.join("chapters").join("01-ring-solution.md")).expect("removed");
+    let (_, problems) = hints::check_all(&root).expect("readable");
+    let _ = std::fs::remove_dir_all(&root);
+    assert!(problems.len() == 1 && problems[0].contains("no reference solution page"), "{problems:#?}");
+}
+
+#[test]
+fn the_solution_is_offered_only_once_every_claim_holds() {
+    let root = xtask::repo_root();
+    let chapters = workbook::chapters(&root).expect("the chapters are readable");
+    let ch03 = workbook::find(&chapters, "03").expect("chapter 03");
+    let page = workbook::solution_page(&root, "03").expect("chapter 03 has a solution page");
+    assert!(page.ends_with("03-averaging-solution.md"), "{}", page.display());
+    assert!(workbook::chapter_page(&root, "03").expect("a page").ends_with("03-averaging.md"));
+    let run = |lines: &[&str]| {
+        let mut tally = SuiteTally::default();
+        lines.iter().for_each(|line| tally.record_line(line));
+        (verdict::chapter_passes(&tally), verdict::next_step(ch03, &tally, Some("SOLUTION_PAGE")).join("\n"))
+    };
+    let control = r#"{ "type": "test", "event": "ok", "name": "controls::a_control" }"#;
+    let claim = r#"{ "type": "test", "event": "ok", "name": "one_rank" }"#;
+    let failed = r#"{ "type": "test", "event": "failed", "name": "two_ranks", "stdout": "off by 1e-3" }"#;
+    let started = r#"{ "type": "test", "event": "started", "name": "three_ranks" }"#;
+    let done = r#"{ "type": "suite", "event": "ok", "passed": 2, "failed": 0, "ignored": 0 }"#;
+    let not_yet = [
+        (vec![control, claim, failed, done], "a failing claim"),
+        (vec![control, done], "only the controls ran"),
+        (vec![control, claim, started], "a crash cut the run short"),
+    ];
+    for (lines, case) in not_yet {
+        let (passes, said) = run(&lines);
+        assert!(!passes && !said.contains("SOLUTION_PAGE") && !said.contains("solution"), "{case}: {said}");
+        assert!(said.contains("cargo workbook hint 03"), "{case}: {said}");
+    }
+    let (passes, said) = run(&[control, claim, done]);
+    assert!(passes, "{said}");
+    assert!(said.contains("Compare with the reference solution") && said.contains("SOLUTION_PAGE"), "{said}");
+    assert!(said.contains("src/ch03_averaging/solution.rs"), "{said}");
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! `sync_bucket` and chapter 6's `launch_bucket` and `finish_bucket`
 //! (`src/ch05_bucketing/exercise.rs`, `src/ch06_overlap/exercise.rs`), with
 //! the gradients kept in the buckets. Working through the book? Write yours
-//! first; the book shows the parts of this file you need, and the answer at
-//! the end of the chapter.
+//! first; the book shows the parts of this file you need, and the answer on
+//! the chapter's solution page.
 //!
 //! The one home of a model's gradient buckets: [`GradientBuckets`] plans the
 //! layout (`layout.rs`), checks that every rank planned the same one, and

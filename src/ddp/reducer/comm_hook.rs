@@ -1,6 +1,6 @@
 //! Spoiler: this file holds the library's answer to chapter 12's
 //! `bf16_compress_hook` (`src/ch12_bf16/exercise.rs`). Working through the
-//! book? Write yours first; the book shows it at the end of the chapter.
+//! book? Write yours first; the book shows it on the chapter's solution page.
 //!
 //! Communication hooks (PyTorch's `register_comm_hook`): a hook replaces how
 //! one bucket is averaged over the ranks. The wrapper's default is no hook at

@@ -1,7 +1,7 @@
 //! Spoiler: this file holds the reference answer to chapter 5's
 //! `plan_buckets` (`src/ch05_bucketing/exercise.rs`). Working through the
 //! book? Write yours first; the book shows the parts of this file you need,
-//! and the answer at the end of the chapter.
+//! and the answer on the chapter's solution page.
 //!
 //! Bucket layouts: which gradients travel together, in one flat buffer and
 //! one all-reduce. [`plan_buckets`] computes the layout once, at

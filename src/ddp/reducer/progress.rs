@@ -1,7 +1,7 @@
 //! Spoiler: this file holds the library's answer to chapter 6's `mark_ready`
 //! (`src/ch06_overlap/exercise.rs`). Working through the book? Write yours
-//! first; the book shows the parts of this file you need, and the answer at
-//! the end of the chapter.
+//! first; the book shows the parts of this file you need, and the answer on
+//! the chapter's solution page.
 //!
 //! Which buckets may leave during backward. Each gradient-ready hook marks
 //! its parameter ready; a bucket leaves once all its members are ready and

@@ -1,8 +1,8 @@
 //! Spoiler: this file holds the library's answer to chapter 4's
 //! `open_no_sync` and `NoSyncScope` (`src/ch04_accumulation/exercise.rs`):
 //! `SyncSwitch::no_sync` and `NoSyncGuard`. Working through the book? Write
-//! yours first; the chapter does not need this file, and shows its answer at
-//! the end.
+//! yours first; the chapter does not need this file, and shows its answer on
+//! the chapter's solution page.
 //!
 //! The `no_sync` switch: while a scope is open, `backward` only accumulates
 //! gradients on this rank and sends nothing (PyTorch's

@@ -1,7 +1,7 @@
 //! Spoiler: this file holds the reference answer to chapter 4's
 //! `accumulate_and_step` (`src/ch04_accumulation/exercise.rs`): `train_step`
 //! is that loop. Working through the book? Write yours first; the book shows
-//! the parts of this file you need, and the answer at the end of the chapter.
+//! the parts of this file you need, and the answer on the solution page.
 //!
 //! One optimizer step of the whole DDP loop, with gradient accumulation over
 //! this rank's micro-batches: [`train_step`]. The training run

@@ -1,7 +1,7 @@
 //! Spoiler: this file holds the library's answers to chapter 11's
 //! `shard_of` and `step_bucket` (`src/ch11_zero/exercise.rs`). Working
-//! through the book? Write yours first; the book shows them at the end of
-//! the chapter.
+//! through the book? Write yours first; the book shows them on the
+//! chapter's solution page.
 //!
 //! What a ZeRO-1 rank holds of one bucket ([`Shard`], [`ShardedBucket`]), and
 //! the two decisions the optimizer ([`ShardedAdamW`](super::ShardedAdamW))

@@ -115,7 +115,7 @@ fn list(ctx: &Context, chapters: &[Chapter]) -> Result<(), String> {
             "not started".to_string()
         } else {
             match run_tests(ctx, chapter, false)? {
-                Some((t, _)) if t.failed == 0 && t.passed > 0 => {
+                Some((t, _)) if verdict::chapter_passes(&t) => {
                     format!("passing: all {} claims hold", verdict::claims_holding(&t).1)
                 }
                 Some((t, _)) => {
@@ -178,17 +178,11 @@ fn test(ctx: &Context, chapter: &Chapter, shown: usize) -> Result<bool, String> 
         println!("\nThe compiler has {} warning(s) about your code:\n", yours.len());
         yours.iter().for_each(|warning| println!("{}", warning.trim_end()));
     }
-    let all_hold = tally.failed == 0 && tally.passed > 0;
-    if all_hold {
-        println!("\nEvery claim of chapter {} holds. Compare with the reference (the book's", chapter.number);
-        println!(
-            "\"Reference solution\", or {}), then go on.",
-            ctx.display(&chapter.folder.join("solution.rs"))
-        );
-    } else {
-        println!("\nStuck? `cargo workbook hint {}` shows the next hint.", chapter.number);
-    }
-    Ok(all_hold)
+    let page =
+        workbook::solution_page(&ctx.root, &chapter.number).map(|page| ctx.display(&page).into_owned());
+    println!();
+    verdict::next_step(chapter, &tally, page.as_deref()).iter().for_each(|line| println!("{line}"));
+    Ok(verdict::chapter_passes(&tally))
 }
 
 /// `cargo workbook hint NN [FN [K]]`.

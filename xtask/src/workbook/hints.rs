@@ -4,6 +4,7 @@
 //! (the book includes the same blocks, collapsed), and which of them the
 //! learner has already seen. Unit tests: xtask/tests/workbook.rs.
 
+use crate::book_includes::find_links;
 use crate::report::{Outcome, Report};
 use crate::Context;
 use std::path::{Path, PathBuf};
@@ -96,7 +97,9 @@ pub fn next<'a>(hints: &'a [Hint], order: &[String], seen: impl Fn(&str) -> usiz
 }
 
 /// The `hints` check: every exercise of every chapter has exactly the hints
-/// 1, 2, 3, none of them empty, and the chapter's book page includes each one. Returns the number of hints and the problems found.
+/// 1, 2, 3, none of them empty, and the chapter's book page includes each
+/// one; the page shows no answer (`spoilers`). Returns the number of hints
+/// and the problems found.
 pub fn check_all(root: &Path) -> Result<(usize, Vec<String>), String> {
     let chapters = super::chapters(root).map_err(|e| format!("cannot read the chapters: {e}"))?;
     let mut problems = Vec::new();
@@ -136,27 +139,55 @@ pub fn check_all(root: &Path) -> Result<(usize, Vec<String>), String> {
                 }
             }
         }
+        problems.extend(spoilers(root, chapter, &page));
     }
     Ok((count, problems))
 }
 
-/// The text of the book page `chapters/NN-*.md` (empty if there is none).
+/// Where chapter `chapter`'s page (`page`, its text) shows the answer to its
+/// own exercise: an include of the chapter's `solution.rs`, or of an anchor
+/// named after one of its exercises from any file but `exercise.rs` (the
+/// library's answers carry their function's name). The reference belongs on
+/// the chapter's `-solution.md` page, which must exist: a learner reads the
+/// chapter on the way to the exercise, and the solution page once it passes.
+pub fn spoilers(root: &Path, chapter: &super::Chapter, page: &str) -> Vec<String> {
+    let number = &chapter.number;
+    let folder = chapter.folder.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let mut problems = Vec::new();
+    for link in find_links(page).iter().filter(|link| link.kind == "include") {
+        let target = link.target.split_whitespace().next().unwrap_or_default();
+        let (path, anchor) = target.split_once(':').unwrap_or((target, ""));
+        let own_solution = path.ends_with(&format!("{folder}/solution.rs"));
+        let an_answer = chapter.exercises.iter().any(|f| f == anchor) && !path.ends_with("/exercise.rs");
+        if own_solution || an_answer {
+            problems.push(format!(
+                "chapter {number}: its page shows the answer at its line {} ({}): move it to the \
+                 chapter's reference solution page, chapters/{number}-*-solution.md",
+                link.line, link.text
+            ));
+        }
+    }
+    if super::solution_page(root, number).is_none() {
+        problems.push(format!(
+            "chapter {number}: no reference solution page: write chapters/{number}-*-solution.md, \
+             and list it under the chapter in chapters/SUMMARY.md"
+        ));
+    }
+    problems
+}
+
+/// The text of the book page `chapters/NN-*.md`, not its solution page
+/// (empty if there is none).
 fn page_text(root: &Path, number: &str) -> String {
-    let Ok(pages) = std::fs::read_dir(root.join("chapters")) else { return String::new() };
-    pages
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{number}-")))
-        })
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default()
+    super::chapter_page(root, number).and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default()
 }
 
 /// The `hints` check as the suite runs it: each problem on its own line,
 /// then one verdict.
 pub fn suite_check(ctx: &Context, report: &mut Report) {
-    report.section("hints: every exercise has exactly three graded hints, and the book shows them");
+    report.section(
+        "hints: every exercise has exactly three graded hints, and the book shows them, not the answer",
+    );
     match check_all(&ctx.root) {
         Ok((count, problems)) if problems.is_empty() => {
             report.check("hints", Outcome::Ok, &format!("{count} hints, each in its chapter's page"))

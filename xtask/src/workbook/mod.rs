@@ -89,12 +89,32 @@ fn exercises_of(folder: &Path, number: &str) -> std::io::Result<(Vec<String>, Ve
 
 /// The `# Title` of the book page `chapters/NN-*.md`.
 fn page_title(root: &Path, number: &str) -> Option<String> {
-    let pages = std::fs::read_dir(root.join("chapters")).ok()?;
-    let page = pages.filter_map(Result::ok).map(|e| e.path()).find(|p| {
-        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{number}-")))
-    })?;
-    let text = std::fs::read_to_string(page).ok()?;
+    let text = std::fs::read_to_string(chapter_page(root, number)?).ok()?;
     text.lines().find_map(|line| line.strip_prefix("# ")).map(|t| t.trim().to_string())
+}
+
+/// The book page of chapter `number`, `chapters/NN-*.md`, without its
+/// reference solution's page.
+pub fn chapter_page(root: &Path, number: &str) -> Option<PathBuf> {
+    book_page(root, number, false)
+}
+
+/// The page of chapter `number`'s reference solution,
+/// `chapters/NN-*-solution.md`: a page of its own, so that the chapter
+/// never shows the answer; `cargo workbook` offers it once the chapter passes.
+pub fn solution_page(root: &Path, number: &str) -> Option<PathBuf> {
+    book_page(root, number, true)
+}
+
+fn book_page(root: &Path, number: &str, solution: bool) -> Option<PathBuf> {
+    let pages = std::fs::read_dir(root.join("chapters")).ok()?;
+    pages.filter_map(Result::ok).map(|e| e.path()).find(|p| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            n.starts_with(&format!("{number}-"))
+                && n.ends_with(".md")
+                && n.ends_with("-solution.md") == solution
+        })
+    })
 }
 
 /// The chapter the learner named: "3", "03", "ch03" or "chapter_03".

@@ -37,6 +37,46 @@ pub fn claims_holding(tally: &SuiteTally) -> (usize, usize) {
     (held, held + failed)
 }
 
+/// Whether a chapter's tests say the learner is done: the run finished (no
+/// crash cut it short), no test failed, and at least one claim about the
+/// learner's code ran and held. Only then does `cargo workbook` offer the
+/// reference solution.
+pub fn chapter_passes(tally: &SuiteTally) -> bool {
+    let (held, total) = claims_holding(tally);
+    tally.finished && tally.failed == 0 && tally.running.is_empty() && total > 0 && held == total
+}
+
+/// What to do after a run, as lines to print: once the chapter passes,
+/// compare with the reference solution (`solution_page`, the book's page of
+/// it, and the chapter's `solution.rs`, both relative to the repository
+/// root) and go on; before, the next hint, and never the solution.
+pub fn next_step(chapter: &Chapter, tally: &SuiteTally, solution_page: Option<&str>) -> Vec<String> {
+    let number = &chapter.number;
+    if chapter_passes(tally) {
+        let code = chapter.folder.join("solution.rs");
+        let code = code.strip_prefix(crate::repo_root()).unwrap_or(&code).display().to_string();
+        let page = match solution_page {
+            Some(page) => format!("the book's page after the chapter, {page}, or {code}"),
+            None => code,
+        };
+        return vec![
+            format!("Every claim of chapter {number} holds. Compare with the reference solution"),
+            format!("({page}), then go on."),
+        ];
+    }
+    let mut lines = Vec::new();
+    if !tally.finished || !tally.running.is_empty() {
+        let running: Vec<&str> = tally.running.iter().map(String::as_str).collect();
+        lines.push(format!(
+            "The run ended before every test finished (still running: {}): a crash or a kill, not a \
+             verdict; the log above says what stopped it.",
+            if running.is_empty() { "none named".to_string() } else { running.join(", ") }
+        ));
+    }
+    lines.push(format!("Stuck? `cargo workbook hint {number}` shows the next hint."));
+    lines
+}
+
 /// The verdict, as lines to print, with the `shown`-th most telling
 /// failure (from 1; see `ranking.rs`) in full and the others by name.
 pub fn describe(chapter: &Chapter, tally: &SuiteTally, shown: usize) -> Vec<String> {
