@@ -21,8 +21,9 @@ use ddp_workbook::ddp::seams::BucketsWith;
 use ddp_workbook::ddp::{sync_bucket, GradientBuckets};
 use ddp_workbook::dist::{spawn_with, Group};
 use ddp_workbook::models::{named_parameters, Mlp};
-use ddp_workbook::tch::nn::{Module, VarStore};
-use ddp_workbook::tch::{Kind, Tensor};
+use ddp_workbook::tch::nn::{self, Module, VarStore};
+use ddp_workbook::tch::{Device, Kind, Tensor};
+use ddp_workbook::with_seed;
 
 const SIZES: &[i64] = &[4, 32, 32, 1];
 const GLOBAL_BATCH: i64 = 12;
@@ -237,5 +238,119 @@ fn a_parameter_without_a_gradient_fails_every_rank_by_name_unless_expected() {
                 "with find_unused_parameters ({skipping:?} skips it) the replicas must stay equal: {report}"
             )
         });
+    }
+}
+
+/// Two linear layers side by side on the same input, `a(x) + b(x)`, whose
+/// forward runs `a` first or `b` first. The output is the same bits either
+/// way, but autograd runs backward from the layer created last: running
+/// `b` first on one rank and `a` first on another makes their gradient-ready
+/// hooks fire in different orders, which a plain chain of layers never does
+/// on rank threads.
+#[derive(Debug)]
+struct TwoBranches {
+    a: nn::Linear,
+    b: nn::Linear,
+    a_first: bool,
+}
+
+impl Module for TwoBranches {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let (ya, yb) = if self.a_first {
+            let ya = self.a.forward(x);
+            (ya, self.b.forward(x))
+        } else {
+            let yb = self.b.forward(x);
+            (self.a.forward(x), yb)
+        };
+        ya + yb // [rows, 1], added in the same order on every rank
+    }
+}
+
+fn two_branches(a_first: bool) -> (VarStore, TwoBranches) {
+    with_seed(7, || {
+        let mut vs = VarStore::new(Device::Cpu);
+        let a = nn::linear(vs.root() / "a", 4, 1, Default::default());
+        let b = nn::linear(vs.root() / "b", 4, 1, Default::default());
+        vs.set_kind(Kind::Double);
+        (vs, TwoBranches { a, b, a_first })
+    })
+}
+
+#[test]
+fn buckets_leave_in_bucket_order_when_the_ranks_hooks_fire_in_different_orders() {
+    // Buckets in reverse parameter order: bucket 0 holds b's two tensors
+    // (40 bytes, the first cap), bucket 1 a's. Rank 0 runs a's forward first,
+    // so its backward finishes b's gradients first and bucket 0 completes
+    // first; rank 1 runs b first and completes bucket 1 first. A mark_ready
+    // that launches buckets as they complete would pair rank 0's first
+    // all-reduce (bucket 0) with rank 1's (bucket 1): the buckets have the
+    // same size, so a's gradients and b's would be summed together without
+    // a word. The library's driver refuses such a launch, naming the bucket
+    // due; the chapter's other training tests, whose ranks fire their hooks
+    // in one order, never make it.
+    let caps = BucketCaps { cap_bytes: 4096, first_cap_bytes: 40 };
+    let batches = global_batches(&data(), GLOBAL_BATCH, STEPS);
+    let one_process = train_single_process(|| two_branches(true), Optim::Sgd, &batches);
+    let per_rank = run(2, |pg| {
+        let (vs, model) = two_branches(pg.rank() == 0);
+        let mut optimizer = Optim::Sgd.build(&vs)?;
+        let ddp =
+            SimpleDistributedDataParallelism::with_bucket_caps(model, &vs, pg.clone(), caps)?.keep_layout();
+        let params: Vec<String> = ddp.parameters().iter().map(|(name, _)| name.clone()).collect();
+        let names: Vec<Vec<String>> =
+            ddp.buckets().iter().map(|b| b.params.iter().map(|&p| params[p].clone()).collect()).collect();
+        let (mut after, mut records) = (vec![], vec![]);
+        for step in 0..STEPS {
+            optimizer.zero_grad();
+            let (x, y) = &micro_batches(&pg, step, 1)[0];
+            ddp.backward(&mse(&ddp.forward(x), y))?;
+            optimizer.step();
+            after.push(snapshot(ddp.parameters()));
+            records.push(ddp.last_step());
+        }
+        Ok((names, after, records, params))
+    });
+    // The test's own premise, checked on the library's record of backward:
+    // two buckets, b's then a's, and hooks that fired b-first on rank 0 and
+    // a-first on rank 1.
+    let (names, _, _, params) = &per_rank[0];
+    assert_eq!(
+        names,
+        &[vec!["b.weight".to_string(), "b.bias".into()], vec!["a.weight".into(), "a.bias".into()]],
+        "the test wants b's parameters in bucket 0 and a's in bucket 1"
+    );
+    for (rank, first) in [(0, "b."), (1, "a.")] {
+        let records = &per_rank[rank].2;
+        let ready: Vec<&str> = records[0].ready_order.iter().map(|&p| params[p].as_str()).collect();
+        assert!(
+            ready[0].starts_with(first),
+            "rank {rank}: the test wants its first gradient ready from `{first}`, but the hooks fired in the \
+             order {ready:?}"
+        );
+    }
+    for (rank, (_, after, records, _)) in per_rank.iter().enumerate() {
+        for (step, record) in records.iter().enumerate() {
+            let order: Vec<usize> = record.launches.iter().map(|l| l.bucket).collect();
+            assert_eq!(
+                order,
+                [0, 1],
+                "rank {rank}, step {}: with your mark_ready the buckets left in this order, while the hooks \
+                 fired in a different order on each rank; every rank's k-th all-reduce is added to every \
+                 other rank's k-th, so the buckets must leave in bucket order whatever order the hooks fire in",
+                step + 1
+            );
+        }
+        for (step, params) in after.iter().enumerate() {
+            compare_to_reference(params, &one_process[step].params, TOLERANCE).unwrap_or_else(|report| {
+                panic!(
+                    "rank {rank}, after step {}: differs from one process on the global batch ({report}); the \
+                     hooks fired in a different order on each rank, so a bucket launched as soon as it is \
+                     complete is summed with another bucket of the same size on the other rank: launch in \
+                     bucket order",
+                    step + 1
+                )
+            });
+        }
     }
 }
