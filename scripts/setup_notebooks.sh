@@ -197,6 +197,20 @@ export LD_LIBRARY_PATH="\$LIBTORCH/lib:\$rust_std_lib\${LD_LIBRARY_PATH:+:\$LD_L
 # checkout's set-up must not rewrite them.
 cache="\${DDP_WORKBOOK_EVCXR_CACHE:-\${XDG_CACHE_HOME:-\$HOME/.cache}/ddp-workbook/evcxr/$CHECKOUT_KEY}"
 mkdir -p "\$cache"
+cache="\$(realpath "\$cache")"
+# evcxr's build folders are cargo packages of their own. Under a folder whose
+# Cargo.toml declares a workspace (this checkout's, when
+# DDP_WORKBOOK_EVCXR_CACHE points inside it), cargo takes them for members
+# the workspace does not list, and every cell fails with "Failed to load the
+# project at .../build-0/Cargo.toml". Refuse such a folder here, saying why.
+dir="\$cache"
+while [[ "\$dir" != / ]]; do
+    dir="\$(dirname "\$dir")"
+    if [[ -f "\$dir/Cargo.toml" ]] && grep -q '^\[workspace\]' "\$dir/Cargo.toml"; then
+        echo "ddp-workbook kernel: the notebooks' build folder \$cache is inside the cargo workspace of \$dir/Cargo.toml, where cargo would fail every cell with \"Failed to load the project at \$cache/build-0/Cargo.toml\". Set DDP_WORKBOOK_EVCXR_CACHE to a folder outside it, or unset it for the default, ~/.cache/ddp-workbook/evcxr." >&2
+        exit 1
+    fi
+done
 printf '%s\n' $(printf '%q' "$REPO_ROOT") >"\$cache/checkout"
 # What a build made here depends on: a folder built with another libtorch,
 # compiler or evcxr rebuilds everything.

@@ -15,12 +15,15 @@ installed (scripts/setup.sh installs it):
 - passes.ipynb: nothing fails; the runner must pass it.
 That run also writes --table; TableTest checks the table's form without a
 kernel, by calling the runner's write_table on made-up outcomes.
+LauncherTest runs the kernel's launcher, as scripts/setup_notebooks.sh
+writes it, up to its choice of build folder (bash and rustc only).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -291,6 +294,70 @@ class RunTest(unittest.TestCase):
         self.assertEqual(status, 1, output)
         self.assertIn("printed `panicked at` on stderr", output)
         self.assertEqual(last_line(output), "0 passed, 1 failed")
+
+
+def kernel_launcher(folder: Path) -> Path:
+    """The kernel's launcher as scripts/setup_notebooks.sh writes it, with
+    made-up paths for libtorch and the checkout, written into `folder`."""
+    setup = (SCRIPTS / "setup_notebooks.sh").read_text()
+    start = setup.index('cat >"$KERNEL_DIR/launch.sh.tmp" <<EOF\n')
+    body = setup[setup.index("\n", start) + 1 :]
+    body = body[: body.index("\nEOF\n")]
+    values = {
+        "CARGO_BIN": str(folder / "bin"),
+        "libtorch": str(folder / "libtorch"),
+        "CHECKOUT_KEY": "checkout-0123456789ab",
+        "EVCXR_VERSION": "0.22.0",
+        "REPO_ROOT": str(folder / "checkout"),
+    }
+    assignments = "".join(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
+    rendered = subprocess.run(
+        ["bash", "-c", f"{assignments}cat <<EOF\n{body}\nEOF\n"],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    ).stdout
+    launcher = folder / "launch.sh"
+    launcher.write_text(rendered)
+    return launcher
+
+
+class LauncherTest(unittest.TestCase):
+    """The launcher refuses a build folder inside a cargo workspace (where
+    cargo would fail every cell with "Failed to load the project at
+    .../build-0/Cargo.toml"), saying what to do, and takes one outside.
+    `--print-seed` stops it before it starts evcxr; needs only bash and rustc."""
+
+    def setUp(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="launcher-test-"))
+        self.addCleanup(shutil.rmtree, self.folder, ignore_errors=True)
+        self.launcher = kernel_launcher(self.folder)
+        (self.folder / "checkout").mkdir()
+        (self.folder / "checkout" / "Cargo.toml").write_text('[package]\nname = "x"\n\n[workspace]\nmembers = ["."]\n')
+
+    def launch(self, cache: Path) -> subprocess.CompletedProcess:
+        env = dict(os.environ, DDP_WORKBOOK_EVCXR_CACHE=str(cache))
+        return subprocess.run(
+            ["bash", str(self.launcher), "--print-seed"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    def test_a_build_folder_inside_a_workspace_is_refused_with_what_to_do(self):
+        done = self.launch(self.folder / "checkout" / "notebooks" / "cache")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertIn("inside the cargo workspace of", done.stderr)
+        self.assertIn("Failed to load the project", done.stderr)
+        self.assertIn("Set DDP_WORKBOOK_EVCXR_CACHE to a folder outside it", done.stderr)
+
+    def test_a_build_folder_outside_any_workspace_is_taken(self):
+        cache = self.folder / "cache"
+        done = self.launch(cache)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout.splitlines()[0], str(cache.resolve() / "seed"))
 
 
 if __name__ == "__main__":
