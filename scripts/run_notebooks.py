@@ -15,7 +15,9 @@ evcxr.toml. A notebook fails when a cell reports an error (evcxr fails a cell
 on a compile error, a `?` error, or, with notebooks/evcxr.toml's
 `preserve_vars_on_panic = false`, a panic), and also when `panicked at`
 appears on a cell's stderr: a panic that something caught (a thread's join)
-leaves the cell green, and must not leave the notebook green. --jobs N
+leaves the cell green, and must not leave the notebook green; and when a
+cell shows a stray `()`, the value evcxr displays for a last expression of
+type () left without its `;`. --jobs N
 (default 2) runs N notebooks at once, each in its own kernel and build
 folder: a kernel spends most of its time in one thread (evcxr's type
 inference, rustc on a small cell), so two share 2 cores well.
@@ -160,25 +162,46 @@ def run_notebook(path: Path, kernel: str, timeout: int, save_dir: Path | None) -
         outcome.problems.append(f"could not run the notebook: {type(error).__name__}: {error}")
     outcome.seconds = time.monotonic() - start
 
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        # The kernel sends stderr in pieces (often a line each): join them.
-        stderr = "".join(
-            text_of(output.get("text"))
-            for output in cell.get("outputs", [])
-            if output.get("output_type") == "stream" and output.get("name") == "stderr"
-        )
-        if PANIC_MARK in stderr:
-            panic_onwards = stderr[stderr.rfind("\n", 0, stderr.index(PANIC_MARK)) + 1 :]
-            outcome.problems.append(
-                f"cell {index + 1} printed `{PANIC_MARK}` on stderr: something panicked, even if the "
-                f"cell went on:\n{shorten(ANSI_ESCAPE.sub('', panic_onwards), 12)}"
-            )
+    outcome.problems.extend(output_problems(nb))
     if save_dir is not None:
         save_dir.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, save_dir / path.name)
     return outcome
+
+
+def output_problems(nb) -> list[str]:
+    """What an executed notebook's outputs show that its cells' errors do
+    not: a panic that something caught (`panicked at` on stderr), and a
+    stray `()`, which evcxr shows when a cell ends in an expression of type
+    `()` without a `;` (a `for` loop, an `if`, a block, a `match`)."""
+    problems = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        outputs = cell.get("outputs", [])
+        # The kernel sends stderr in pieces (often a line each): join them.
+        stderr = "".join(
+            text_of(output.get("text"))
+            for output in outputs
+            if output.get("output_type") == "stream" and output.get("name") == "stderr"
+        )
+        if PANIC_MARK in stderr:
+            panic_onwards = stderr[stderr.rfind("\n", 0, stderr.index(PANIC_MARK)) + 1 :]
+            problems.append(
+                f"cell {index + 1} printed `{PANIC_MARK}` on stderr: something panicked, even if the "
+                f"cell went on:\n{shorten(ANSI_ESCAPE.sub('', panic_onwards), 12)}"
+            )
+        shown = [
+            text_of(output.get("data", {}).get("text/plain")).strip()
+            for output in outputs
+            if output.get("output_type") == "execute_result"
+        ]
+        if "()" in shown:
+            problems.append(
+                f"cell {index + 1} shows a stray `()`: it ends in an expression of type () (a `for` loop, "
+                f"an `if`, a block, a `match`) that evcxr displays; end that last statement with `;`"
+            )
+    return problems
 
 
 REPORT_LOCK = threading.Lock()  # one notebook's lines together, when several run at once

@@ -15,7 +15,8 @@ installed (scripts/setup.sh installs it):
 - passes.ipynb: nothing fails; the runner must pass it.
 That run also writes --table; TableTest checks the table's form without a
 kernel, by calling the runner's write_table on made-up outcomes.
-LauncherTest runs the kernel's launcher, as scripts/setup_notebooks.sh
+OutputsTest checks what the runner reads in a run's outputs (a caught panic,
+a stray `()`) on made-up outputs. LauncherTest runs the kernel's launcher, as scripts/setup_notebooks.sh
 writes it, up to its choice of build folder (bash and rustc only).
 """
 
@@ -294,6 +295,31 @@ class RunTest(unittest.TestCase):
         self.assertEqual(status, 1, output)
         self.assertIn("printed `panicked at` on stderr", output)
         self.assertEqual(last_line(output), "0 passed, 1 failed")
+
+
+class OutputsTest(unittest.TestCase):
+    """What the runner reads in a notebook's outputs after a run, on made-up
+    outputs in the form the kernel gives them (no kernel needed)."""
+
+    @staticmethod
+    def executed(*outputs: list) -> dict:
+        cells = [{"cell_type": "markdown", "id": "intro", "metadata": {}, "source": "About."}]
+        cells += [
+            {"cell_type": "code", "id": f"c{i}", "metadata": {}, "source": "", "outputs": out}
+            for i, out in enumerate(outputs)
+        ]
+        return {"cells": cells}
+
+    def test_a_stray_unit_value_and_a_caught_panic_are_problems_and_other_values_are_not(self):
+        printed = {"output_type": "stream", "name": "stdout", "text": ["1\n", "2\n"]}
+        unit = {"output_type": "execute_result", "data": {"text/plain": "()"}, "metadata": {}}
+        value = {"output_type": "execute_result", "data": {"text/plain": "42"}, "metadata": {}}
+        panic = {"output_type": "stream", "name": "stderr", "text": "thread 'x' panicked at src/lib.rs:1:1:\nboom\n"}
+        problems = run_notebooks.output_problems(self.executed([printed, unit], [printed, value], [printed], [panic]))
+        self.assertEqual(len(problems), 2, problems)
+        self.assertTrue(problems[0].startswith("cell 2 shows a stray `()`"), problems)
+        self.assertIn("end that last statement with `;`", problems[0])
+        self.assertTrue(problems[1].startswith("cell 5 printed `panicked at`"), problems)
 
 
 def kernel_launcher(folder: Path) -> Path:
