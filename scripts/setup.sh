@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything ddp-workbook needs, once per checkout.
 # Run it from anywhere:   scripts/setup.sh
+# The short path to chapter 1:   scripts/setup.sh --minimal
+#   (steps 1 to 5 only, with PyTorch's CPU-only wheel: what
+#   `cargo workbook test 01` and every chapter's tests need; run
+#   scripts/setup.sh later for the rest, listed when it ends)
 #
 # What it does (each step checks first and skips what is already done, so it
 # is safe and fast to run again):
@@ -35,6 +39,15 @@
 # It never asks questions, so it runs unattended in CI (CI=true).
 
 set -euo pipefail
+
+MINIMAL=false
+for arg in "$@"; do
+    case "$arg" in
+        --minimal) MINIMAL=true ;;
+        -h | --help) sed -n '2,/^$/{s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+        *) printf 'setup.sh: unknown argument %q\n    -> scripts/setup.sh [--minimal]   (--help says what each does)\n' "$arg" >&2; exit 2 ;;
+    esac
+done
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
@@ -150,6 +163,10 @@ step_torch() {
     # "2.11.0" or, for some wheels, "2.11.0+cu130" / "2.11.0+cpu".
     # safetensors (with numpy, which its save_file needs) writes the PyTorch
     # state_dicts that tests/torch_checkpoint.rs loads into the workbook.
+    if [[ "$have" == *+cpu ]]; then
+        say "note: torch $have is the CPU-only wheel (scripts/setup.sh --minimal installs it); chapter 10's GPUs and"
+        say "      the nccl feature need PyPI's: .venv/bin/python -m pip install --force-reinstall torch==$TORCH_VERSION"
+    fi
     if [[ "${have%%+*}" == "$TORCH_VERSION" ]] && "$VENV_PYTHON" -c 'import safetensors, numpy' 2>/dev/null; then
         done_already "torch $have, safetensors and numpy are installed in .venv"
         return
@@ -162,6 +179,33 @@ step_torch() {
     "$VENV_PYTHON" -m pip install --no-input "$(pip_progress_flag)" "torch==$TORCH_VERSION" safetensors==0.8.0 numpy==2.4.6 ||
         fail "pip could not install torch==$TORCH_VERSION (see pip's message above)." \
              "Check the network and free disk space (about 10 GB during the install), then run scripts/setup.sh again."
+    have="$(installed_torch_version)"
+    [[ "${have%%+*}" == "$TORCH_VERSION" ]] ||
+        fail "after the install, .venv has torch '$have', not $TORCH_VERSION."
+    done_already "torch $have installed"
+}
+
+# --minimal: only torch, and its CPU-only wheel (about a tenth of the
+# download: no CUDA, no NCCL), which is all libtorch the chapters' tests
+# need. Where PyTorch's CPU index cannot be reached (a mirror of PyPI only,
+# say), the default wheel instead.
+TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
+
+step_torch_minimal() {
+    local have
+    have="$(installed_torch_version)"
+    if [[ "${have%%+*}" == "$TORCH_VERSION" ]]; then
+        done_already "torch $have is installed in .venv"
+        return
+    fi
+    say "installing torch==$TORCH_VERSION, CPU only, from $TORCH_CPU_INDEX"
+    if ! "$VENV_PYTHON" -m pip install --no-input "$(pip_progress_flag)" --retries 1 --timeout 30 \
+        --index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION"; then
+        say "the CPU-only wheel could not be installed (above); installing the default wheel instead (about 2.7 GB)"
+        "$VENV_PYTHON" -m pip install --no-input "$(pip_progress_flag)" "torch==$TORCH_VERSION" ||
+            fail "pip could not install torch==$TORCH_VERSION (see pip's message above)." \
+                 "Check the network and free disk space, then run scripts/setup.sh --minimal again."
+    fi
     have="$(installed_torch_version)"
     [[ "${have%%+*}" == "$TORCH_VERSION" ]] ||
         fail "after the install, .venv has torch '$have', not $TORCH_VERSION."
@@ -337,9 +381,20 @@ TITLES=(
     "notebooks: evcxr_jupyter, Jupyter and the Rust kernel"
 )
 
+if $MINIMAL; then
+    STEPS=(rust python venv torch_minimal libtorch_config)
+    TITLES=(
+        "Rust toolchain"
+        "Python 3"
+        "virtual environment .venv"
+        "PyTorch $TORCH_VERSION (libtorch), CPU only, in .venv"
+        "tell cargo where libtorch is (.cargo/libtorch.toml)"
+    )
+fi
+
 start_seconds=$SECONDS
 step_total=${#STEPS[@]}
-echo "ddp-workbook set-up in $REPO_ROOT"
+echo "ddp-workbook set-up$($MINIMAL && echo " (--minimal)") in $REPO_ROOT"
 for i in "${!STEPS[@]}"; do
     step_number=$((i + 1))
     printf '\n==> [%d/%d] %s\n' "$step_number" "$step_total" "${TITLES[$i]}"
@@ -351,6 +406,24 @@ for i in "${!STEPS[@]}"; do
 done
 printf '\nSet-up complete in %ds (load average %s).\n' \
     $((SECONDS - start_seconds)) "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
+
+if $MINIMAL; then
+    cat <<EOF
+
+Next: cargo workbook test 01
+(its first build compiles tch and libtorch's C++ bindings, once; then read
+chapters/01-collectives.md and write src/ch01_collectives/exercise.rs).
+
+scripts/setup.sh without --minimal adds, when you need them:
+  - safetensors and numpy in .venv: the tests that load PyTorch's own files;
+  - the NCCL link and the GPU wheel: chapter 10 on a GPU (see the note it prints);
+  - Open MPI and libclang: the mpi feature, ranks as processes (chapter 9);
+    Chromium: the suite's browser check;
+  - mdBook: the book rendered to book/ (the pages read as Markdown in chapters/);
+  - evcxr_jupyter and Jupyter: the notebooks in notebooks/.
+EOF
+    exit 0
+fi
 
 # End where a learner starts: where each chapter stands, and the book.
 printf '\nWhere each chapter stands (cargo workbook):\n'
