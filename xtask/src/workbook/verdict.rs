@@ -55,14 +55,13 @@ pub fn next_step(chapter: &Chapter, tally: &SuiteTally, solution_page: Option<&s
     if chapter_passes(tally) {
         let code = chapter.folder.join("solution.rs");
         let code = code.strip_prefix(crate::repo_root()).unwrap_or(&code).display().to_string();
-        let page = match solution_page {
-            Some(page) => format!("the book's page after the chapter, {page}, or {code}"),
-            None => code,
-        };
-        return vec![
-            format!("Every claim of chapter {number} holds. Compare with the reference solution"),
-            format!("({page}), then go on."),
-        ];
+        let mut lines =
+            vec![format!("Every claim of chapter {number} holds. Compare with the reference solution:")];
+        if let Some(page) = solution_page {
+            lines.push(format!("the book's page after the chapter, {page}"));
+        }
+        lines.push(format!("(the code: {code}); then go on."));
+        return lines;
     }
     let mut lines = Vec::new();
     if !tally.finished || !tally.running.is_empty() {
