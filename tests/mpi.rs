@@ -3,7 +3,8 @@
 //! its ranks. Proves that every collective agrees with the in-process
 //! backend, that an all-reduce through shared memory is the rank-order sum
 //! one process computes (and, for buffers from `alloc_buffer`, without a
-//! copy), that the chapters' DDP (your exercises included) gives the same
+//! copy), that reductions over messages keep that order too, that a
+//! message of more than 2^31 - 1 bytes arrives whole, that the chapters' DDP (your exercises included) gives the same
 //! steps as one process on the global batch, that the training run resumes
 //! bitwise after a kill, and that no failure leaves the job hanging.
 //!
@@ -23,6 +24,10 @@ mod chapters;
 mod collectives;
 #[path = "mpi/failures.rs"]
 mod failures;
+#[path = "mpi/large.rs"]
+mod large;
+#[path = "mpi/ordered.rs"]
+mod ordered;
 #[path = "mpi/shared_memory.rs"]
 mod shared_memory;
 #[path = "mpi/training.rs"]

@@ -122,3 +122,20 @@ fn the_collectives_agree_with_the_signature_check_off_too() {
         job.output
     );
 }
+
+// Every call cut into MPI calls of at most 5 elements (5 bytes for sends),
+// as a tensor of more than 2^31 - 1 elements is (`large.rs` sends one);
+// shared memory off, so that the all-reduces are MPI's or in rank order.
+#[test]
+fn the_collectives_agree_when_every_call_is_cut_into_pieces() {
+    let name = "collectives::the_collectives_agree_when_every_call_is_cut_into_pieces";
+    let env = [("DDP_MPI_MOST_PER_CALL", "5"), ("DDP_MPI_SHM", "off")];
+    let Some(job) = launch(3, name, &env, |pg| agree_with_in_process(pg.as_ref())) else { return };
+    let finished = job.output.matches(RANK_FINISHED).count();
+    assert!(
+        job.success && finished == 3,
+        "exit {:?}, {finished} of 3 ranks finished the body:\n{}",
+        job.code,
+        job.output
+    );
+}

@@ -53,6 +53,9 @@ struct CommState {
     queue: VecDeque<Active>,
     /// Posted collectives and point-to-point calls, until they complete.
     running: Vec<Active>,
+    /// Collectives taken from the queue so far: the same count on every
+    /// rank, since every rank makes them in the same order.
+    collectives: u64,
 }
 
 pub(crate) struct Engine {
@@ -65,7 +68,7 @@ pub(crate) struct Engine {
     /// their buffers until the job is aborted (`end` leaks them).
     kept: Vec<Active>,
     /// The node's shared memory, through which the world's all-reduces go
-    /// (`shm.rs`); `None` keeps Open MPI's collectives for them.
+    /// (`shm.rs`); `None` sends messages for them (`ordered.rs`).
     node: Option<Node>,
 }
 
@@ -79,6 +82,7 @@ impl Engine {
             global: (0..size).collect(),
             queue: VecDeque::new(),
             running: vec![],
+            collectives: 0,
         };
         Engine { comms: vec![world], timeout, world_rank: rank, broken: None, kept: vec![], node: None }
     }
@@ -221,7 +225,10 @@ impl Engine {
             return Ok(false); // the node's previous call must end on every rank first
         }
         let through_node = through_node.is_some_and(|node| node.takes(front));
-        let (active, raw) = (comm.queue.pop_front().expect("front"), comm.raw);
+        let (active, raw, place) =
+            (comm.queue.pop_front().expect("front"), comm.raw, (comm.rank, comm.global.len()));
+        let index = comm.collectives;
+        comm.collectives += 1;
         if let Some(detail) = disagreement(&active, comm) {
             let (rank, op) = (self.world_rank, active.job.name.clone());
             self.finish_later(c, active, Err(DistError::Mismatch { rank, op, detail }));
@@ -230,7 +237,7 @@ impl Engine {
         let Some(mut active) = self.made_after_agreement(c, active)? else { return Ok(true) };
         let posted = match (through_node, self.node.as_mut()) {
             (true, Some(node)) => node.start(&mut active),
-            _ => active.post(raw),
+            _ => active.post(raw, index, place),
         };
         match posted {
             Ok(()) => {

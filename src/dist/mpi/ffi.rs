@@ -8,6 +8,7 @@
 //! tested until it completes or its deadline passes.
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mpi::ffi as sys;
 
@@ -35,6 +36,9 @@ pub(crate) const TAG_P2P_SIGNATURE: c_int = 2;
 pub(crate) const TAG_P2P_DATA: c_int = 3;
 /// A node's partial sum on its way to the next node (`shm.rs`).
 pub(crate) const TAG_NODE_CHAIN: c_int = 4;
+/// The first of the tags of the reductions in rank order (`ordered.rs`):
+/// two per call, by the call's place among its communicator's collectives.
+pub(crate) const TAG_ORDERED: c_int = 16;
 
 /// MPI's description of error code `code`.
 fn error_text(code: c_int) -> String {
@@ -54,7 +58,7 @@ fn check(code: c_int, what: &str) -> Result<(), String> {
 
 /// MPI's datatype for elements of `kind`. Half and BFloat16 travel as
 /// 16-bit words: they can be moved, but MPI cannot add them (the backend
-/// sums BFloat16 with an operation of its own, `bf16_sum.rs`).
+/// sums BFloat16 itself, in rank order: `ordered.rs`).
 pub(crate) fn datatype(kind: Kind) -> Option<sys::MPI_Datatype> {
     // SAFETY: reading the constants that mpi-sys exports.
     unsafe {
@@ -73,13 +77,30 @@ pub(crate) fn datatype(kind: Kind) -> Option<sys::MPI_Datatype> {
     }
 }
 
-/// MPI's reduction for `op` on `kind`. AVG has no MPI operation: it is
-/// summed here and divided by the world size afterwards. On booleans, as in
-/// libtorch, a sum is a logical or and a product a logical and. BFloat16
-/// sums with the backend's own operation (`bf16_sum.rs`); MPI has none.
-pub(crate) fn reduction(kind: Kind, op: ReduceOp) -> Result<sys::MPI_Op, String> {
-    if kind == Kind::BFloat16 && matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
-        return super::bf16_sum::bf16_sum();
+/// How the backend reduces: by itself in rank order (`ordered.rs`), or
+/// with an operation of MPI's.
+pub(crate) enum Reduction {
+    /// The order of the operands changes the bits (floating-point sums and
+    /// products): Open MPI would combine them in an order of its own,
+    /// which depends on the number of ranks and the message size.
+    InRankOrder,
+    Mpi(sys::MPI_Op),
+}
+
+/// How to reduce `kind` with `op`. AVG has no MPI operation: it is summed
+/// and divided by the world size afterwards. On booleans, as in libtorch, a
+/// sum is a logical or and a product a logical and. Floating-point sums and
+/// products go in rank order, as in the in-process backend: any order gives
+/// the same bits for integers, minima and maxima, so those keep MPI's.
+pub(crate) fn reduction(kind: Kind, op: ReduceOp) -> Result<Reduction, String> {
+    let float = matches!(kind, Kind::Float | Kind::Double | Kind::BFloat16);
+    if float && matches!(op, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Product) {
+        if kind == Kind::BFloat16 && op == ReduceOp::Product {
+            return Err("MPI cannot multiply BFloat16 tensors (BFloat16 only sums); reduce them as Float \
+                        (`.to_kind(Kind::Float)`)"
+                .into());
+        }
+        return Ok(Reduction::InRankOrder);
     }
     if matches!(kind, Kind::Half | Kind::BFloat16) {
         return Err(format!(
@@ -89,7 +110,7 @@ pub(crate) fn reduction(kind: Kind, op: ReduceOp) -> Result<sys::MPI_Op, String>
         ));
     }
     // SAFETY: reading the constants that mpi-sys exports.
-    Ok(unsafe {
+    Ok(Reduction::Mpi(unsafe {
         match (kind == Kind::Bool, op) {
             (false, ReduceOp::Sum | ReduceOp::Avg) => sys::RSMPI_SUM,
             (false, ReduceOp::Product) => sys::RSMPI_PROD,
@@ -98,20 +119,53 @@ pub(crate) fn reduction(kind: Kind, op: ReduceOp) -> Result<sys::MPI_Op, String>
             (true, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg) => sys::RSMPI_LOR,
             (true, ReduceOp::Product | ReduceOp::Min) => sys::RSMPI_LAND,
         }
+    }))
+}
+
+/// The most elements (bytes, for point-to-point messages) one MPI call
+/// carries: MPI counts in `int`. A larger transfer is made as several
+/// calls of at most this many, posted one after the other, so a 3 GiB
+/// checkpoint broadcast at a resume is two broadcasts on every rank.
+pub(crate) const MOST_PER_CALL: usize = i32::MAX as usize;
+
+/// The most per call this process uses: [`MOST_PER_CALL`], or what
+/// `DDP_MPI_MOST_PER_CALL` (a test hook, read by [`init`](super::init))
+/// says: fewer, so that the tests cut small tensors as a 3 GiB one would
+/// be, or more, so that they meet MPI's own limit (the call is refused).
+static MOST: AtomicUsize = AtomicUsize::new(MOST_PER_CALL);
+
+/// Reads `DDP_MPI_MOST_PER_CALL` (unset: [`MOST_PER_CALL`]).
+pub(crate) fn most_per_call_from_env() -> Result<(), String> {
+    let Ok(text) = std::env::var("DDP_MPI_MOST_PER_CALL") else { return Ok(()) };
+    match text.trim().parse::<usize>() {
+        Ok(most @ 1..) => Ok(MOST.store(most, Ordering::Relaxed)),
+        _ => Err(format!(
+            "DDP_MPI_MOST_PER_CALL={text:?} is not a positive number of elements; fix it or unset it"
+        )),
+    }
+}
+
+fn most() -> usize {
+    MOST.load(Ordering::Relaxed)
+}
+
+/// `n` as MPI's count, or why one call cannot carry it.
+fn count(n: usize) -> Result<c_int, String> {
+    c_int::try_from(n).map_err(|_| {
+        format!("{n} elements is more than one MPI call can carry (2^31 - 1): DDP_MPI_MOST_PER_CALL is set too high")
     })
 }
 
-/// Where a contiguous CPU tensor's elements start, and how many there are.
-/// MPI counts in `int`: larger tensors must be split by the caller.
-pub(crate) fn buffer(tensor: &Tensor) -> Result<(*mut c_void, c_int), String> {
-    let count = c_int::try_from(tensor.numel()).map_err(|_| {
-        format!(
-            "{} elements is more than one MPI call can carry (2^31 - 1): split the tensor (`chunk`) \
-             and make one call per part",
-            tensor.numel()
-        )
-    })?;
-    Ok((tensor.data_ptr(), count))
+/// `len` cut into pieces of at most `most`: (start, length) of each, in
+/// order. Zero is one empty piece: the call is still made on every rank.
+pub(crate) fn pieces(len: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len.div_ceil(most).max(1)).map(move |k| (k * most, most.min(len - k * most)))
+}
+
+/// Where a contiguous CPU tensor's elements start, how many there are, and
+/// the bytes of one.
+fn elements(tensor: &Tensor) -> (*mut u8, usize, usize) {
+    (tensor.data_ptr().cast(), tensor.numel(), tensor.kind().elt_size_in_bytes())
 }
 
 /// Starts one non-blocking MPI call through `start`, which receives the
@@ -124,17 +178,23 @@ fn start(what: &str, start: impl FnOnce(*mut Request) -> c_int) -> Result<Reques
 }
 
 // SAFETY (all the i* functions below): the caller keeps every buffer alive
-// and untouched until the returned request has completed; `engine.rs` does
-// so by holding the tensors in the job until then.
+// and untouched until each request pushed onto `requests` has completed;
+// `engine.rs` does so by holding the tensors in the job until then. A
+// request already posted stays in `requests` when a later piece fails.
 
 pub(crate) unsafe fn ibcast(
     t: &Tensor,
     dt: sys::MPI_Datatype,
     root: usize,
     comm: Comm,
-) -> Result<Request, String> {
-    let (ptr, count) = buffer(t)?;
-    start("MPI_Ibcast", |r| sys::MPI_Ibcast(ptr, count, dt, root as c_int, comm, r))
+    requests: &mut Vec<Request>,
+) -> Result<(), String> {
+    let (ptr, numel, elt) = elements(t);
+    for (at, n) in pieces(numel, most()) {
+        let (part, n) = (ptr.add(at * elt).cast(), count(n)?);
+        requests.push(start("MPI_Ibcast", |r| sys::MPI_Ibcast(part, n, dt, root as c_int, comm, r))?);
+    }
+    Ok(())
 }
 
 pub(crate) unsafe fn iallreduce(
@@ -142,30 +202,48 @@ pub(crate) unsafe fn iallreduce(
     dt: sys::MPI_Datatype,
     op: sys::MPI_Op,
     comm: Comm,
-) -> Result<Request, String> {
-    let (ptr, count) = buffer(t)?;
-    start("MPI_Iallreduce", |r| sys::MPI_Iallreduce(ddp_mpi_in_place(), ptr, count, dt, op, comm, r))
+    requests: &mut Vec<Request>,
+) -> Result<(), String> {
+    let (ptr, numel, elt) = elements(t);
+    for (at, n) in pieces(numel, most()) {
+        let (part, inplace, n) = (ptr.add(at * elt).cast(), ddp_mpi_in_place(), count(n)?);
+        requests.push(start("MPI_Iallreduce", |r| sys::MPI_Iallreduce(inplace, part, n, dt, op, comm, r))?);
+    }
+    Ok(())
 }
 
+/// Each rank's `input` into its row of `output`. A piece of a larger
+/// input lands in every row at once through a datatype of the piece's
+/// length whose extent is a whole row.
 pub(crate) unsafe fn iallgather(
     input: &Tensor,
     output: &Tensor,
     dt: sys::MPI_Datatype,
     comm: Comm,
-) -> Result<Request, String> {
-    let ((send, count), (recv, _)) = (buffer(input)?, buffer(output)?);
-    start("MPI_Iallgather", |r| sys::MPI_Iallgather(send, count, dt, recv, count, dt, comm, r))
-}
-
-pub(crate) unsafe fn ireduce_scatter(
-    input: &Tensor,
-    output: &Tensor,
-    dt: sys::MPI_Datatype,
-    op: sys::MPI_Op,
-    comm: Comm,
-) -> Result<Request, String> {
-    let ((send, _), (recv, count)) = (buffer(input)?, buffer(output)?);
-    start("MPI_Ireduce_scatter_block", |r| sys::MPI_Ireduce_scatter_block(send, recv, count, dt, op, comm, r))
+    requests: &mut Vec<Request>,
+) -> Result<(), String> {
+    let ((send, numel, elt), (recv, _, _)) = (elements(input), elements(output));
+    if numel <= most() {
+        let (send, recv, n) = (send.cast(), recv.cast(), count(numel)?);
+        requests.push(start("MPI_Iallgather", |r| sys::MPI_Iallgather(send, n, dt, recv, n, dt, comm, r))?);
+        return Ok(());
+    }
+    for (at, n) in pieces(numel, most()) {
+        let mut piece = sys::RSMPI_DATATYPE_NULL;
+        let n = count(n)?;
+        check(sys::MPI_Type_contiguous(n, dt, &mut piece), "MPI_Type_contiguous")?;
+        let mut row = sys::RSMPI_DATATYPE_NULL;
+        let extent = (numel * elt) as sys::MPI_Aint;
+        let resized = sys::MPI_Type_create_resized(piece, 0, extent, &mut row);
+        sys::MPI_Type_free(&mut piece);
+        check(resized, "MPI_Type_create_resized")?;
+        check(sys::MPI_Type_commit(&mut row), "MPI_Type_commit")?;
+        let (send, recv) = (send.add(at * elt).cast(), recv.add(at * elt).cast());
+        let posted = start("MPI_Iallgather", |r| sys::MPI_Iallgather(send, n, dt, recv, 1, row, comm, r));
+        sys::MPI_Type_free(&mut row); // MPI keeps it until the call completes
+        requests.push(posted?);
+    }
+    Ok(())
 }
 
 pub(crate) unsafe fn ibarrier(comm: Comm) -> Result<Request, String> {
@@ -179,7 +257,7 @@ fn too_long_for_one_message(len: usize) -> String {
     )
 }
 
-/// Sends `len` bytes at `ptr` to `peer` with `tag`.
+/// Sends `len` bytes at `ptr` to `peer` with `tag`, as one message.
 pub(crate) unsafe fn isend(
     ptr: *const c_void,
     len: usize,
@@ -191,7 +269,7 @@ pub(crate) unsafe fn isend(
     start("MPI_Isend", |r| sys::MPI_Isend(ptr, len, sys::RSMPI_UINT8_T, peer as c_int, tag, comm, r))
 }
 
-/// Receives at most `len` bytes from `peer` with `tag` into `ptr`.
+/// Receives at most `len` bytes from `peer` with `tag` into `ptr`, as one message.
 pub(crate) unsafe fn irecv(
     ptr: *mut c_void,
     len: usize,
@@ -201,6 +279,39 @@ pub(crate) unsafe fn irecv(
 ) -> Result<Request, String> {
     let len = c_int::try_from(len).map_err(|_| too_long_for_one_message(len))?;
     start("MPI_Irecv", |r| sys::MPI_Irecv(ptr, len, sys::RSMPI_UINT8_T, peer as c_int, tag, comm, r))
+}
+
+/// Sends `len` bytes at `ptr` to `peer` with `tag`, in messages of at most
+/// [`MOST_PER_CALL`] bytes; MPI delivers messages of one sender, tag and
+/// communicator in the order they were sent, so [`irecv_all`] of the same
+/// length puts each where it belongs.
+pub(crate) unsafe fn isend_all(
+    ptr: *const u8,
+    len: usize,
+    peer: usize,
+    tag: c_int,
+    comm: Comm,
+    requests: &mut Vec<Request>,
+) -> Result<(), String> {
+    for (at, n) in pieces(len, most()) {
+        requests.push(isend(ptr.add(at).cast(), n, peer, tag, comm)?);
+    }
+    Ok(())
+}
+
+/// Receives `len` bytes from `peer` with `tag` into `ptr`, as [`isend_all`] sends them.
+pub(crate) unsafe fn irecv_all(
+    ptr: *mut u8,
+    len: usize,
+    peer: usize,
+    tag: c_int,
+    comm: Comm,
+    requests: &mut Vec<Request>,
+) -> Result<(), String> {
+    for (at, n) in pieces(len, most()) {
+        requests.push(irecv(ptr.add(at).cast(), n, peer, tag, comm)?);
+    }
+    Ok(())
 }
 
 /// Whether a request has completed (and been tested) or was never made.
@@ -290,4 +401,21 @@ pub(crate) fn abort(code: i32) -> ! {
     // SAFETY: MPI_Abort may be called from any thread at any time.
     unsafe { sys::MPI_Abort(sys::RSMPI_COMM_WORLD, code) };
     std::process::exit(code) // MPI_Abort does not return; this is for the type checker
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pieces;
+
+    #[test]
+    fn pieces_cover_the_length_once_in_order_and_none_is_longer_than_allowed() {
+        assert_eq!(pieces(0, 5).collect::<Vec<_>>(), [(0, 0)]);
+        assert_eq!(pieces(5, 5).collect::<Vec<_>>(), [(0, 5)]);
+        assert_eq!(pieces(12, 5).collect::<Vec<_>>(), [(0, 5), (5, 5), (10, 2)]);
+        let big = 2_200_000_001;
+        assert_eq!(
+            pieces(big, i32::MAX as usize).collect::<Vec<_>>(),
+            [(0, 2_147_483_647), (2_147_483_647, 52_516_354)]
+        );
+    }
 }

@@ -3,13 +3,13 @@
 //! for it, and the `Done` slot where the caller finds the result. Try it:
 //! `cargo test --features mpi --test mpi`.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
-use super::ffi::{self, Comm, Request};
+use super::ffi::{self, Comm, Reduction, Request};
+use super::ordered::Ordered;
 use crate::dist::{DistError, ReduceOp};
 
 /// The longest signature exchanged; longer ones are cut (their start still
@@ -81,6 +81,8 @@ pub(crate) struct Active {
     pub preset: Option<Result<Reply, DistError>>,
     /// An all-reduce through the node's shared memory (`shm.rs`): where it is.
     pub shm: Option<super::shm::progress::Progress>,
+    /// A reduction in rank order over messages (`ordered.rs`): where it is.
+    pub ordered: Option<Ordered>,
 }
 
 impl Active {
@@ -98,6 +100,7 @@ impl Active {
             received: None,
             preset: None,
             shm: None,
+            ordered: None,
         }
     }
 
@@ -149,52 +152,70 @@ impl Active {
             .map(|(peer, theirs)| (peer, String::from_utf8_lossy(theirs).into_owned()))
     }
 
-    /// Posts the data transfer of the job's action on `comm`.
-    pub fn post(&mut self, comm: Comm) -> Result<(), String> {
+    /// Posts the data transfer of the job's action on `comm`, where it is
+    /// the `index`th collective (point-to-point calls pass 0).
+    pub fn post(&mut self, comm: Comm, index: u64, (rank, size): (usize, usize)) -> Result<(), String> {
         use Action::*;
         let kind_of =
             |t: &Tensor| ffi::datatype(t.kind()).ok_or_else(|| format!("MPI cannot carry {:?}", t.kind()));
+        let requests = &mut self.requests;
         // SAFETY: every tensor below is owned by the job until it ends.
-        let request = unsafe {
+        unsafe {
             match &self.job.action {
-                Broadcast { buf, root } => ffi::ibcast(buf, kind_of(buf)?, *root, comm)?,
-                AllReduce { buf, op } => {
-                    ffi::iallreduce(buf, kind_of(buf)?, ffi::reduction(buf.kind(), *op)?, comm)?
+                Broadcast { buf, root } => ffi::ibcast(buf, kind_of(buf)?, *root, comm, requests)?,
+                AllReduce { buf, op } => match ffi::reduction(buf.kind(), *op)? {
+                    Reduction::Mpi(reduce) => ffi::iallreduce(buf, kind_of(buf)?, reduce, comm, requests)?,
+                    Reduction::InRankOrder => {
+                        let action = &self.job.action;
+                        self.ordered = Some(Ordered::start(action, comm, (rank, size), index, requests)?);
+                    }
+                },
+                AllGather { input, output } => {
+                    ffi::iallgather(input, output, kind_of(input)?, comm, requests)?
                 }
-                AllGather { input, output } => ffi::iallgather(input, output, kind_of(input)?, comm)?,
-                ReduceScatter { input, output, op } => {
-                    let reduce = ffi::reduction(input.kind(), *op)?;
-                    ffi::ireduce_scatter(input, output, kind_of(input)?, reduce, comm)?
+                // Every reduce-scatter, whatever its dtype: MPI has no
+                // reduce-scatter of more than 2^31 - 1 elements per rank.
+                ReduceScatter { .. } => {
+                    let action = &self.job.action;
+                    self.ordered = Some(Ordered::start(action, comm, (rank, size), index, requests)?);
                 }
-                Barrier => ffi::ibarrier(comm)?,
+                Barrier => requests.push(ffi::ibarrier(comm)?),
                 // Made by the engine, blocking, after agreement.
-                NewGroup { .. } | AllocBuffer { .. } => return Ok(()),
+                NewGroup { .. } | AllocBuffer { .. } => {}
                 Send { data, dst } => {
-                    ffi::isend(data.data_ptr(), byte_len(data), *dst, ffi::TAG_P2P_DATA, comm)?
+                    let at = data.data_ptr().cast();
+                    ffi::isend_all(at, byte_len(data), *dst, ffi::TAG_P2P_DATA, comm, requests)?
                 }
                 Recv { into, src } => {
-                    let ptr: *mut c_void = into.data_ptr();
-                    ffi::irecv(ptr, byte_len(into), *src, ffi::TAG_P2P_DATA, comm)?
+                    let at = into.data_ptr().cast();
+                    ffi::irecv_all(at, byte_len(into), *src, ffi::TAG_P2P_DATA, comm, requests)?
                 }
             }
-        };
-        self.requests.push(request);
+        }
         Ok(())
     }
 
-    /// Tests the requests; true once all have completed.
+    /// Tests the requests; true once all have completed (and, for a
+    /// reduction in rank order, once its last phase has).
     pub fn finished(&mut self) -> Result<bool, String> {
         let mut all = self.signatures_arrived()?; // a receive's signature travels apart
         let is_recv = matches!(self.job.action, Action::Recv { .. });
-        let last = self.requests.len().saturating_sub(1);
-        for (i, request) in self.requests.iter_mut().enumerate() {
+        for request in &mut self.requests {
+            if ffi::is_null(request) {
+                continue; // completed at an earlier test
+            }
             match ffi::test(request)? {
-                Some(bytes) if is_recv && i == last && self.received.is_none() => self.received = Some(bytes),
+                // A receive's requests are its data's pieces: count their bytes.
+                Some(bytes) if is_recv => *self.received.get_or_insert(0) += bytes,
                 Some(_) => {}
                 None => all = false,
             }
         }
-        Ok(all)
+        match (&mut self.ordered, all) {
+            // SAFETY: the action's tensors and `ordered` live in `self` until it ends.
+            (Some(ordered), true) => unsafe { ordered.advance(&self.job.action, &mut self.requests) },
+            _ => Ok(all),
+        }
     }
 }
 

@@ -36,20 +36,28 @@
 //!
 //! - the world's all-reduces between ranks on one machine go through an
 //!   MPI-3 shared-memory window (`shm.rs`), summed in rank order like the
-//!   in-process backend; `DDP_MPI_SHM=off` keeps Open MPI's collectives.
+//!   in-process backend; `DDP_MPI_SHM=off` sends messages instead;
+//! - floating-point sums that do not go through shared memory (sub-groups,
+//!   `DDP_MPI_SHM=off`, ranks placed out of order) and every reduce-scatter
+//!   are folded in rank order over point-to-point messages (`ordered.rs`),
+//!   not in Open MPI's order: the in-process backend's bits on any number
+//!   of processes;
+//! - a tensor of more than 2^31 − 1 elements (MPI counts in `int`) travels
+//!   as several calls (`ffi.rs`), so a checkpoint over 2 GiB resumes.
 //!   Buffers from `alloc_buffer` (DDP's buckets) are summed where they lie,
 //!   with no copy (`shm/regions.rs`); `DDP_MPI_SHM=copy` makes them plain.
 //!
 //! Files: `group.rs` (the `ProcessGroup`), `engine.rs` (the communication
 //! thread; `engine/failures.rs`, how it breaks and ends), `job.rs` (one
-//! call in flight), `shm.rs` (the shared-memory all-reduce), `ffi.rs` (the
-//! raw MPI calls).
+//! call in flight), `shm.rs` (the shared-memory all-reduce), `ordered.rs`
+//! (reductions in rank order over messages), `ffi.rs` (the raw MPI calls).
 
 mod bf16_sum;
 mod engine;
 mod ffi;
 mod group;
 mod job;
+mod ordered;
 mod shm;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -84,6 +92,7 @@ pub fn init() -> Result<MpiWorld, DistError> {
     let setup = |detail: String| DistError::Invalid { rank: 0, op: "joining the MPI job".into(), detail };
     let timeout = timeout_from_env().map_err(setup)?;
     let debug = super::settings::signatures_from_env(true).map_err(setup)?;
+    ffi::most_per_call_from_env().map_err(setup)?;
     let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
         .ok_or_else(|| setup("MPI is already initialized in this process: call init() once".into()))?;
     if threading < Threading::Multiple {

@@ -25,8 +25,8 @@
 //! them, between two barriers (`shm/regions.rs`).
 //!
 //! Across nodes the sum stays in world-rank order: the nodes hold blocks of
-//! consecutive ranks (`Node::join` checks it, or the job keeps Open MPI's
-//! collectives), so node k's slices start from the partial sum of nodes
+//! consecutive ranks (`Node::join` checks it, or the job reduces over
+//! messages, `ordered.rs`), so node k's slices start from the partial sum of nodes
 //! 0..k, which its first rank (the leader) receives from the previous
 //! leader into the result area before the first barrier; the last node's
 //! leader then broadcasts the total to the other leaders, and a third
@@ -58,6 +58,7 @@ pub(crate) mod progress;
 mod regions;
 mod slices;
 
+pub(crate) use fold::fold_in_order;
 pub(crate) use regions::ZERO_COPY;
 
 /// All-reduces this process finished through the window: the tests' proof

@@ -54,7 +54,14 @@ impl Engine {
         let global: Vec<usize> = ranks.iter().map(|&r| comm.global[r]).collect();
         let Some(raw) = ffi::split(comm.raw, position)? else { return Ok(Ok(Reply::Group(None))) };
         let rank = position.expect("a member gets a communicator");
-        let fresh = CommState { raw, rank, global: global.clone(), queue: VecDeque::new(), running: vec![] };
+        let fresh = CommState {
+            raw,
+            rank,
+            global: global.clone(),
+            queue: VecDeque::new(),
+            running: vec![],
+            collectives: 0,
+        };
         self.comms.push(fresh);
         Ok(Ok(Reply::Group(Some((self.comms.len() - 1, rank, global)))))
     }

@@ -14,13 +14,13 @@ use crate::dist::DistError;
 /// shape), then the data.
 pub(super) fn send_side(active: &mut Active, dst: usize, comm: Comm) -> Result<(), String> {
     active.send_signature(dst, ffi::TAG_P2P_SIGNATURE, comm)?;
-    active.post(comm)
+    active.post(comm, 0, (0, 0))
 }
 
 /// The receiver's side: the sender's signature, then the data.
 pub(super) fn receive_side(active: &mut Active, src: usize, comm: Comm) -> Result<(), String> {
     active.receive_signature(src, ffi::TAG_P2P_SIGNATURE, comm)?;
-    active.post(comm)
+    active.post(comm, 0, (0, 0))
 }
 
 impl Engine {

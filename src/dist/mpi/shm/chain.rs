@@ -18,7 +18,7 @@ pub(super) fn too_large_for_the_leaders(bytes: usize, spread: bool) -> Option<St
         format!(
             "{bytes} bytes is more than the nodes' leaders pass in one MPI message ({MOST_BYTES_BETWEEN_LEADERS} \
              bytes, MPI counts in int): all-reduce the tensor in parts (`chunk`), one call per part, or \
-             reduce with Open MPI's collectives (DDP_MPI_SHM=off)"
+             reduce over messages (DDP_MPI_SHM=off), which carry any size"
         )
     })
 }
@@ -49,8 +49,10 @@ impl Node {
         }
         let all = call.result_bytes();
         // SAFETY: as above; the last leader sends it, the others receive into it.
-        let request = unsafe { ffi::ibcast(&all, sys_u8(), nodes - 1, leaders)? };
-        Ok((request, Phase::Broadcast))
+        let mut requests = Vec::with_capacity(1);
+        unsafe { ffi::ibcast(&all, sys_u8(), nodes - 1, leaders, &mut requests)? };
+        // One request: `too_large_for_the_leaders` refused anything longer.
+        Ok((requests.pop().expect("one broadcast"), Phase::Broadcast))
     }
 }
 

@@ -1,6 +1,6 @@
-//! The sum of one slice over a node's ranks, in
-//! rank order, as a plain loop, for the sums DDP makes (float32, float64,
-//! bfloat16). libtorch would compute the same bits, but on a large slice
+//! The reduction of one slice over a node's ranks
+//! (or a group's, `../ordered.rs`), in rank order: a plain loop for the
+//! sums DDP makes (float32, float64, bfloat16), libtorch for the rest. libtorch would compute the same bits, but on a large slice
 //! it wakes its OpenMP threads, which on a busy machine fight the other
 //! ranks' processes for the cores (4 MiB took 44 ms instead of 0.7 here).
 //! Other dtypes and operations go through libtorch in pieces too small for
@@ -9,7 +9,10 @@
 
 use std::ops::Add;
 
+use tch::{Device, Kind, Tensor};
+
 use super::super::bf16_sum::{bf16_of, f32_of};
+use crate::dist::ReduceOp;
 
 /// Elements per block: the accumulator's block stays in L1 while every
 /// rank's part is added to it.
@@ -19,7 +22,7 @@ const BLOCK: usize = 2048;
 /// widened to float32, added, rounded to the nearest, ties to even.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
-pub(super) struct Bf16(u16);
+struct Bf16(u16);
 
 impl Add for Bf16 {
     type Output = Bf16;
@@ -38,7 +41,7 @@ impl Add for Bf16 {
 /// # Safety
 /// Every pointer is valid for `len` elements of `T`; no other thread of
 /// this process writes them during the call.
-pub(super) unsafe fn sum_in_order<T: Copy + Add<Output = T>>(
+unsafe fn sum_in_order<T: Copy + Add<Output = T>>(
     start: Option<*const T>,
     parts: &[*const T],
     len: usize,
@@ -62,4 +65,83 @@ pub(super) unsafe fn sum_in_order<T: Copy + Add<Output = T>>(
         }
         at += n;
     }
+}
+
+/// `len` elements of `kind`: `start` (when given) then every part folded in,
+/// in order, with `op`, the result written to every pointer of `outs`.
+///
+/// # Safety
+/// Every pointer is valid for `len` elements of `kind`; no other thread of
+/// this process writes them during the call.
+pub(crate) unsafe fn fold_in_order(
+    kind: Kind,
+    op: ReduceOp,
+    start: Option<*mut u8>,
+    parts: &[*mut u8],
+    len: usize,
+    outs: &[*mut u8],
+) -> Result<(), tch::TchError> {
+    if len == 0 {
+        return Ok(());
+    }
+    let sum = matches!(op, ReduceOp::Sum | ReduceOp::Avg);
+    let folded = match kind {
+        Kind::Float if sum => sum_as::<f32>(start, parts, len, outs),
+        Kind::Double if sum => sum_as::<f64>(start, parts, len, outs),
+        Kind::BFloat16 if sum => sum_as::<Bf16>(start, parts, len, outs),
+        _ => false,
+    };
+    if folded {
+        return Ok(());
+    }
+    // Elsewhere libtorch, in pieces below its grain size (32768), so
+    // that it never wakes its thread pool; each piece folded in a
+    // tensor of its own, then written out (an output may be an input).
+    let elt = kind.elt_size_in_bytes();
+    let view = |base: *mut u8, offset: usize, n: usize| {
+        // SAFETY: the caller's promise: `len` elements at every pointer.
+        unsafe { Tensor::from_blob(base.wrapping_add(offset * elt), &[n as i64], &[1], kind, Device::Cpu) }
+    };
+    let acc = Tensor::f_empty([PIECE.min(len) as i64], (kind, Device::Cpu))?;
+    let mut at = 0;
+    while at < len {
+        let n = PIECE.min(len - at);
+        let acc = acc.narrow(0, 0, n as i64);
+        tch::no_grad(|| -> Result<(), tch::TchError> {
+            let mut rest = parts.iter().map(|&p| view(p, at, n));
+            let first = match start {
+                Some(start) => view(start, at, n),
+                None => rest.next().expect("a node has a rank"),
+            };
+            acc.shallow_clone().f_copy_(&first)?;
+            for part in rest {
+                op.combine(&acc, &part, &acc)?;
+            }
+            for &out in outs {
+                view(out, at, n).f_copy_(&acc)?;
+            }
+            Ok(())
+        })?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Pieces of the libtorch path, in elements.
+const PIECE: usize = 16384;
+
+/// [`sum_in_order`] on elements of `T`; true (it did the work).
+///
+/// # Safety
+/// As [`sum_in_order`]'s.
+unsafe fn sum_as<T: Copy + Add<Output = T>>(
+    start: Option<*mut u8>,
+    parts: &[*mut u8],
+    len: usize,
+    outs: &[*mut u8],
+) -> bool {
+    let parts: Vec<*const T> = parts.iter().map(|&p| p.cast_const().cast()).collect();
+    let outs: Vec<*mut T> = outs.iter().map(|&p| p.cast()).collect();
+    sum_in_order(start.map(|p| p.cast_const().cast()), &parts, len, &outs);
+    true
 }

@@ -9,7 +9,7 @@ use super::Node;
 /// What `DDP_MPI_SHM` lets the backend use: (shared memory at all, the
 /// buffers of `alloc_buffer` in it). Unset, "on" or "1": both; "copy": the
 /// window only, every tensor copied in and out (to measure what the
-/// buffers save); "off" or "0": neither (Open MPI's collectives).
+/// buffers save); "off" or "0": neither (messages: `ordered.rs`).
 fn wanted_from_env() -> Result<(bool, bool), String> {
     match std::env::var("DDP_MPI_SHM").as_deref() {
         Err(_) | Ok("") | Ok("on") | Ok("1") => Ok((true, true)),
@@ -36,7 +36,7 @@ fn pretend_node_size() -> Result<Option<usize>, String> {
 impl Node {
     /// Finds this process's node (collective over the world, once, when
     /// the job starts). `None`, on every rank alike, when the job must keep
-    /// Open MPI's collectives: `DDP_MPI_SHM=off` on some rank, or a node
+    /// messages (`ordered.rs`): `DDP_MPI_SHM=off` on some rank, or a node
     /// whose ranks are not consecutive (`mpirun --map-by node`), where the
     /// sum could not stay in rank order.
     pub fn join(world: Comm, world_rank: usize, world_size: usize) -> Result<Option<Node>, String> {

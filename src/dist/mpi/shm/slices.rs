@@ -5,10 +5,10 @@
 //! from `alloc_buffer`, reducing the slice in place in every rank's. Try it:
 //! `cargo test --features mpi --test mpi shared_memory`.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use super::super::ffi;
-use super::fold::{sum_in_order, Bf16};
+use super::fold::fold_in_order;
 use super::Node;
 
 use crate::dist::ReduceOp;
@@ -118,14 +118,6 @@ impl<'a> Call<'a> {
         }
     }
 
-    /// A view of `len` elements at element `offset` of the memory at `base`.
-    fn view(&self, base: *mut u8, offset: usize, len: usize) -> Tensor {
-        let at = base.wrapping_add(offset * self.elt);
-        // SAFETY: every caller's range lies in the tensor or a segment of the
-        // window, both alive for the whole call.
-        unsafe { Tensor::from_blob(at, &[len as i64], &[1], self.buf.kind(), Device::Cpu) }
-    }
-
     /// Reduces this rank's slice over the node's ranks, in rank order, into
     /// the result area: from nothing on the first node (x0 op x1 op ...),
     /// else from the previous nodes' partial result, which the leader
@@ -157,69 +149,10 @@ impl<'a> Call<'a> {
     /// Every pointer is where the slice starts in its memory.
     fn fold(&self, start: Option<*mut u8>, parts: &[*mut u8], outs: &[*mut u8]) -> Result<(), tch::TchError> {
         let len = self.bounds[self.rank + 1] - self.bounds[self.rank];
-        if len == 0 {
-            return Ok(());
-        }
-        let sum = matches!(self.op, ReduceOp::Sum | ReduceOp::Avg);
         // SAFETY: the slice lies in every tensor, segment, buffer and result
         // area passed in, each alive for the whole call.
-        let folded = unsafe {
-            match self.buf.kind() {
-                Kind::Float if sum => sum_as::<f32>(start, parts, len, outs),
-                Kind::Double if sum => sum_as::<f64>(start, parts, len, outs),
-                Kind::BFloat16 if sum => sum_as::<Bf16>(start, parts, len, outs),
-                _ => false,
-            }
-        };
-        if folded {
-            return Ok(());
-        }
-        // Elsewhere libtorch, in pieces below its grain size (32768), so
-        // that it never wakes its thread pool; each piece folded in a
-        // tensor of its own, then written out (an output may be an input).
-        let acc = Tensor::f_empty([PIECE.min(len) as i64], (self.buf.kind(), Device::Cpu))?;
-        let mut at = 0;
-        while at < len {
-            let n = PIECE.min(len - at);
-            let acc = acc.narrow(0, 0, n as i64);
-            tch::no_grad(|| -> Result<(), tch::TchError> {
-                let mut rest = parts.iter().map(|&p| self.view(p, at, n));
-                let first = match start {
-                    Some(start) => self.view(start, at, n),
-                    None => rest.next().expect("a node has a rank"),
-                };
-                acc.shallow_clone().f_copy_(&first)?;
-                for part in rest {
-                    self.op.combine(&acc, &part, &acc)?;
-                }
-                for &out in outs {
-                    self.view(out, at, n).f_copy_(&acc)?;
-                }
-                Ok(())
-            })?;
-            at += n;
-        }
-        Ok(())
+        unsafe { fold_in_order(self.buf.kind(), self.op, start, parts, len, outs) }
     }
-}
-
-/// Pieces of the libtorch path, in elements.
-const PIECE: usize = 16384;
-
-/// [`sum_in_order`] on elements of `T`; true (it did the work).
-///
-/// # Safety
-/// As [`sum_in_order`]'s.
-unsafe fn sum_as<T: Copy + std::ops::Add<Output = T>>(
-    start: Option<*mut u8>,
-    parts: &[*mut u8],
-    len: usize,
-    outs: &[*mut u8],
-) -> bool {
-    let parts: Vec<*const T> = parts.iter().map(|&p| p.cast_const().cast()).collect();
-    let outs: Vec<*mut T> = outs.iter().map(|&p| p.cast()).collect();
-    sum_in_order(start.map(|p| p.cast_const().cast()), &parts, len, &outs);
-    true
 }
 
 /// Copies `len` bytes from `from + at` to `to + at`.
