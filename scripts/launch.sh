@@ -118,7 +118,9 @@ run_once() {
     # Open MPI warns that it could not set the process group of the agent it
     # started, when the agent had already set it itself (a harmless race of
     # the ssh launcher, which a fast agent loses every time): not shown.
-    grep --line-buffered -v 'plm:rsh: Warning: setpgid(.*) failed in parent' <"$work/stderr.fifo" |
+    # The filter's own pid is written down, so that it can be ended below.
+    { echo "$BASHPID" >"$work/filter.pid" && exec grep --line-buffered -v \
+        'plm:rsh: Warning: setpgid(.*) failed in parent'; } <"$work/stderr.fifo" |
         tee "$work/stderr" >&2 &
     local tee_pid=$!
     "${prefix[@]}" mpirun "${options[@]}" "$@" 2>"$work/stderr.fifo" &
@@ -131,10 +133,21 @@ run_once() {
         kill -0 "$mpirun_pid" 2>/dev/null || break
     done
     mpirun_pid=""
-    wait "$tee_pid" || true
+    # Sweep first: a node agent that outlived mpirun holds its stderr open,
+    # so waiting for the end of the stream first would wait for the agent.
     if [[ -n "$cluster" ]]; then
         "$REPO_ROOT/scripts/nodes.sh" sweep --name "$cluster" --job "$DDPWB_JOB" || true
     fi
+    # What mpirun wrote is in the pipe already; whoever still holds it (a
+    # process the sweep could not see) gets 1 s, then the filter ends.
+    for _ in $(seq 1 10); do
+        kill -0 "$tee_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$tee_pid" 2>/dev/null; then
+        kill "$(cat "$work/filter.pid" 2>/dev/null)" "$tee_pid" 2>/dev/null || true
+    fi
+    wait "$tee_pid" || true
     return "$status"
 }
 

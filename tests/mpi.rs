@@ -3,8 +3,7 @@
 //! its ranks. Proves that every collective agrees with the in-process
 //! backend, that an all-reduce through shared memory is the rank-order sum
 //! one process computes (and, for buffers from `alloc_buffer`, without a
-//! copy), that reductions over messages keep that order too, that a
-//! message of more than 2^31 - 1 bytes arrives whole, that the chapters' DDP (your exercises included) gives the same
+//! copy), that the chapters' DDP (your exercises included) gives the same
 //! steps as one process on the global batch, that the training run resumes
 //! bitwise after a kill, and that no failure leaves the job hanging.
 //!
@@ -26,6 +25,8 @@ mod collectives;
 mod failures;
 #[path = "mpi/large.rs"]
 mod large;
+#[path = "mpi/launcher.rs"]
+mod launcher;
 #[path = "mpi/ordered.rs"]
 mod ordered;
 #[path = "mpi/shared_memory.rs"]
