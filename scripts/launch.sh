@@ -91,6 +91,21 @@ if [[ -n "$hostfile" && -f "$hostfile" ]] &&
         --mca btl tcp,vader,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24)
 fi
 
+# Files of /dev/shm that the MPI backend makes for alloc_buffer
+# (src/dist/mpi/shm/regions.rs) and unlinks a few milliseconds later: a job
+# killed in between leaves one, holding memory until reboot. Its name
+# carries the process that made it; once that process is gone, it goes.
+remove_stale_shared_memory() {
+    local file pid
+    for file in /dev/shm/ddp-workbook-*; do
+        [[ -e "$file" ]] || continue
+        pid="${file#/dev/shm/ddp-workbook-}"
+        pid="${pid%%-*}"
+        if [[ "$pid" =~ ^[0-9]+$ && ! -e "/proc/$pid" ]]; then rm -f "$file" 2>/dev/null || true; fi
+    done
+}
+remove_stale_shared_memory
+
 if [[ -z "$cluster" && "$max_restarts" == 0 ]]; then
     exec mpirun "${options[@]}" "${args[@]}"
 fi
@@ -148,6 +163,7 @@ run_once() {
         kill "$(cat "$work/filter.pid" 2>/dev/null)" "$tee_pid" 2>/dev/null || true
     fi
     wait "$tee_pid" || true
+    remove_stale_shared_memory
     return "$status"
 }
 

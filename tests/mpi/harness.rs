@@ -80,29 +80,15 @@ fn repo() -> &'static Path {
 /// One job at a time, whatever the test threads: the failure tests time
 /// their jobs, and this machine has two cores for all the ranks.
 fn start(np: usize, test: &str, env: &[(&str, &str)]) -> Job {
-    static ONE_JOB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let exe = std::env::current_exe().expect("the test binary's path");
+    let _turn = turn();
     let logs =
         std::env::temp_dir().join(format!("ddp-mpi-{}-{}", std::process::id(), test.replace("::", "-")));
     std::fs::create_dir_all(&logs).expect("a temporary folder");
     let (out, err) = (logs.join("stdout"), logs.join("stderr"));
-    let mut command = Command::new("bash");
+    let mut command = job_command(np, test, env);
     command
-        .arg(repo().join("scripts/launch.sh"))
-        .args(["-np", &np.to_string()])
-        .arg(&exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(RANK_MARKER, "1")
-        .env("DDP_TIMEOUT_SECS", "20")
-        .env("DDP_DEBUG", "detail")
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).expect("a log file"))
         .stderr(std::fs::File::create(&err).expect("a log file"));
-    for (name, value) in env {
-        command.env(name, value);
-    }
     let timeout: u64 =
         env.iter().find(|(n, _)| *n == "DDP_TIMEOUT_SECS").map_or(20, |(_, v)| v.parse().unwrap());
     let limit = Duration::from_secs(timeout + 60);
@@ -125,6 +111,34 @@ fn start(np: usize, test: &str, env: &[(&str, &str)]) -> Job {
     let output = read(&[out, err]);
     _ = std::fs::remove_dir_all(&logs);
     Job { success: status.success(), code: status.code(), output, elapsed: started.elapsed() }
+}
+
+/// Held while a job runs: one job at a time (see [`start`]).
+pub fn turn() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_JOB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The command that starts the job: scripts/launch.sh running this test
+/// binary, filtered to `test`, as `np` ranks, with `env` (for a test that
+/// starts and ends jobs itself; [`launch`] waits for one).
+pub fn job_command(np: usize, test: &str, env: &[(&str, &str)]) -> Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = Command::new("bash");
+    command
+        .arg(repo().join("scripts/launch.sh"))
+        .args(["-np", &np.to_string()])
+        .arg(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(RANK_MARKER, "1")
+        .env("DDP_TIMEOUT_SECS", "20")
+        .env("DDP_DEBUG", "detail")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command
 }
 
 fn read(paths: &[PathBuf]) -> String {

@@ -12,6 +12,12 @@
 //! rank maps the whole file, and rank 0 unlinks the name once all have.
 //! Rank r's buffer is stride r; every rank sees every buffer.
 //!
+//! A job killed between the creation and the unlink (a few milliseconds)
+//! leaves the file behind, holding its memory until reboot. The name
+//! carries the creating process's id, so the next job's first `create`
+//! on the machine (and `scripts/launch.sh`, after each job) removes every
+//! such file whose process is gone (`remove_stale`).
+//!
 //! **Lifetime: a region is never unmapped.** The tensor over it owns
 //! nothing (`Tensor::from_blob` has no deleter), and gradients stay views
 //! of DDP's buckets after the wrapper, the group or MPI itself is gone; a
@@ -133,7 +139,9 @@ impl Node {
 /// no other process uses; its name.
 fn create(total: usize) -> Result<String, String> {
     static MADE: AtomicU64 = AtomicU64::new(0);
-    let name = format!("/ddp-workbook-{}-{}", std::process::id(), MADE.fetch_add(1, Ordering::Relaxed));
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(remove_stale);
+    let name = format!("/{PREFIX}{}-{}", std::process::id(), MADE.fetch_add(1, Ordering::Relaxed));
     let path = CString::new(name.clone()).expect("no NUL in the name");
     let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
     // SAFETY: plain calls on a NUL-terminated name and the descriptor they return.
@@ -151,6 +159,40 @@ fn create(total: usize) -> Result<String, String> {
         }
     }
     Ok(name)
+}
+
+/// The start of the name of every file that [`create`] makes, in /dev/shm;
+/// the creating process's id and a count follow.
+const PREFIX: &str = "ddp-workbook-";
+
+/// Removes the files of /dev/shm that [`create`] made in processes that
+/// are gone: killed before they could unlink them. A process that still
+/// runs keeps its files, whoever owns it (`kill(pid, 0)` fails with ESRCH
+/// only for a process that does not exist); a file another user made
+/// cannot be removed and is left, silently. A process of another pid
+/// namespace that shares this /dev/shm looks gone: if its file goes in the
+/// milliseconds before its own unlink, that job's ranks cannot map it and
+/// make plain tensors instead (saying so), as when /dev/shm is full.
+fn remove_stale() {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) =
+            name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|rest| rest.split('-').next())
+        else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<libc::pid_t>() else { continue };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = pid > 0
+            && unsafe { libc::kill(pid, 0) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let path = CString::new(format!("/{}", name.to_string_lossy())).expect("no NUL in a file name");
+            // SAFETY: a plain call on a NUL-terminated string.
+            unsafe { libc::shm_unlink(path.as_ptr()) };
+        }
+    }
 }
 
 /// Maps the whole file `name` (`total` bytes), shared with every process
