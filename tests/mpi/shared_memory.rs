@@ -156,6 +156,24 @@ fn across_2_nodes_of_2_the_sum_stays_in_rank_order() {
     with_env(4, name, &[("DDP_MPI_SHM_RANKS_PER_NODE", "2")], through_the_window);
 }
 
+// A sum longer than the leaders pass on in one message (2 GiB; 4000 bytes
+// here, under the test hook) is folded over messages in pieces instead:
+// the same rank-order bits, and the shorter calls still use the window.
+#[test]
+fn across_2_nodes_of_2_a_sum_too_long_for_one_message_stays_in_rank_order() {
+    let name = "shared_memory::across_2_nodes_of_2_a_sum_too_long_for_one_message_stays_in_rank_order";
+    let env = [("DDP_MPI_SHM_RANKS_PER_NODE", "2"), ("DDP_MPI_MOST_PER_CALL", "4000")];
+    with_env(4, name, &env, |pg| {
+        let calls = every_call_is_the_rank_order_sum(pg.as_ref())?;
+        let through = dist::mpi::shared_memory_all_reduces();
+        anyhow::ensure!(
+            through > 0 && through < calls,
+            "{through} of {calls} calls went through shared memory: the long ones must not"
+        );
+        Ok(())
+    });
+}
+
 #[test]
 fn across_a_node_of_2_and_a_node_of_1_the_sum_stays_in_rank_order() {
     let name = "shared_memory::across_a_node_of_2_and_a_node_of_1_the_sum_stays_in_rank_order";

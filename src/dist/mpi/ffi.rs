@@ -145,7 +145,7 @@ pub(crate) fn most_per_call_from_env() -> Result<(), String> {
     }
 }
 
-fn most() -> usize {
+pub(crate) fn most() -> usize {
     MOST.load(Ordering::Relaxed)
 }
 

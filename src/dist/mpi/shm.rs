@@ -93,9 +93,11 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// Whether this call goes through the window: all-reduces of the world.
+    /// Whether this call goes through the window: all-reduces of the world
+    /// (across nodes, those that the leaders can pass on in one message).
     pub fn takes(&self, active: &Active) -> bool {
-        active.job.comm == 0 && matches!(active.job.action, Action::AllReduce { .. })
+        let Action::AllReduce { buf, .. } = &active.job.action else { return false };
+        active.job.comm == 0 && chain::fits_the_leaders(super::job::byte_len(buf), self.spread)
     }
 
     /// Whether this call is an `alloc_buffer` (whose blocking collectives
@@ -107,14 +109,7 @@ impl Node {
     /// Starts `active` (an all-reduce of the world): the agreement.
     pub fn start(&mut self, active: &mut Active) -> Result<(), String> {
         let Action::AllReduce { buf, .. } = &active.job.action else { unreachable!("Node::takes") };
-        let bytes = super::job::byte_len(buf);
-        if let Some(detail) = chain::too_large_for_the_leaders(bytes, self.spread) {
-            // Every rank refuses the same call alike, before any data moves.
-            let (rank, op) = (self.world_rank, active.job.name.clone());
-            active.preset = Some(Err(DistError::Invalid { rank, op, detail }));
-            return Ok(());
-        }
-        let bytes = bytes as i64;
+        let bytes = super::job::byte_len(buf) as i64;
         let (region, offset) = match self.place(buf) {
             Some((index, offset)) if !self.spread => (index as i64, offset as i64),
             _ => (-1, -1),

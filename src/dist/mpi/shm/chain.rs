@@ -8,19 +8,16 @@ use super::super::ffi::{self, Request};
 use super::slices::Call;
 use super::{sys_u8, Node, Phase};
 
-/// The largest message between leaders: MPI counts in `int`, here bytes.
-pub(super) const MOST_BYTES_BETWEEN_LEADERS: usize = i32::MAX as usize;
-
-/// Why a tensor of `bytes` cannot be all-reduced across nodes through
-/// shared memory, in words, or `None` when it can.
-pub(super) fn too_large_for_the_leaders(bytes: usize, spread: bool) -> Option<String> {
-    (spread && bytes > MOST_BYTES_BETWEEN_LEADERS).then(|| {
-        format!(
-            "{bytes} bytes is more than the nodes' leaders pass in one MPI message ({MOST_BYTES_BETWEEN_LEADERS} \
-             bytes, MPI counts in int): all-reduce the tensor in parts (`chunk`), one call per part, or \
-             reduce over messages (DDP_MPI_SHM=off), which carry any size"
-        )
-    })
+/// Whether the leaders can pass a sum of `bytes` on as one MPI message
+/// (MPI counts in `int`: at most 2^31 - 1 bytes, or fewer under the test
+/// hook `DDP_MPI_MOST_PER_CALL`). A longer all-reduce across nodes is
+/// folded over messages in pieces instead (`../ordered.rs`): the same
+/// rank-order sum. Every rank decides alike from the tensor's size, which
+/// the call's signature makes the same on every rank (with `DDP_DEBUG=off`
+/// ranks that pass sizes on both sides of the line wait for each other
+/// until the deadline, instead of getting a `Mismatch`).
+pub(super) fn fits_the_leaders(bytes: usize, spread: bool) -> bool {
+    !spread || bytes <= ffi::most()
 }
 
 impl Node {
@@ -51,7 +48,7 @@ impl Node {
         // SAFETY: as above; the last leader sends it, the others receive into it.
         let mut requests = Vec::with_capacity(1);
         unsafe { ffi::ibcast(&all, sys_u8(), nodes - 1, leaders, &mut requests)? };
-        // One request: `too_large_for_the_leaders` refused anything longer.
+        // One request: `Node::takes` sent anything longer over messages.
         Ok((requests.pop().expect("one broadcast"), Phase::Broadcast))
     }
 }
@@ -61,10 +58,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sum_over_2_gib_across_nodes_is_refused_in_words_and_one_node_or_less_is_not() {
-        assert_eq!(too_large_for_the_leaders(MOST_BYTES_BETWEEN_LEADERS, true), None);
-        assert_eq!(too_large_for_the_leaders(MOST_BYTES_BETWEEN_LEADERS + 1, false), None);
-        let refusal = too_large_for_the_leaders(MOST_BYTES_BETWEEN_LEADERS + 1, true).expect("refused");
-        assert!(refusal.contains("2147483647 bytes") && refusal.contains("chunk"), "{refusal}");
+    fn a_sum_over_2_gib_across_nodes_does_not_fit_the_leaders_and_one_node_or_less_does() {
+        let most = ffi::MOST_PER_CALL;
+        assert!(fits_the_leaders(most, true) && fits_the_leaders(most + 1, false));
+        assert!(!fits_the_leaders(most + 1, true));
     }
 }
