@@ -166,8 +166,7 @@ impl Active {
                 AllReduce { buf, op } => match ffi::reduction(buf.kind(), *op)? {
                     Reduction::Mpi(reduce) => ffi::iallreduce(buf, kind_of(buf)?, reduce, comm, requests)?,
                     Reduction::InRankOrder => {
-                        let action = &self.job.action;
-                        self.ordered = Some(Ordered::start(action, comm, (rank, size), index, requests)?);
+                        self.ordered = Some(Ordered::start(buf, comm, (rank, size), index, requests)?);
                     }
                 },
                 AllGather { input, output } => {
@@ -175,9 +174,8 @@ impl Active {
                 }
                 // Every reduce-scatter, whatever its dtype: MPI has no
                 // reduce-scatter of more than 2^31 - 1 elements per rank.
-                ReduceScatter { .. } => {
-                    let action = &self.job.action;
-                    self.ordered = Some(Ordered::start(action, comm, (rank, size), index, requests)?);
+                ReduceScatter { input, .. } => {
+                    self.ordered = Some(Ordered::start(input, comm, (rank, size), index, requests)?);
                 }
                 Barrier => requests.push(ffi::ibarrier(comm)?),
                 // Made by the engine, blocking, after agreement.
@@ -211,11 +209,14 @@ impl Active {
                 None => all = false,
             }
         }
-        match (&mut self.ordered, all) {
-            // SAFETY: the action's tensors and `ordered` live in `self` until it ends.
-            (Some(ordered), true) => unsafe { ordered.advance(&self.job.action, &mut self.requests) },
-            _ => Ok(all),
-        }
+        let (Some(ordered), true) = (&mut self.ordered, all) else { return Ok(all) };
+        let (input, op, output) = match &self.job.action {
+            Action::AllReduce { buf, op } => (buf, *op, None),
+            Action::ReduceScatter { input, output, op } => (input, *op, Some(output)),
+            _ => unreachable!("only all-reduces and reduce-scatters are reduced in rank order"),
+        };
+        // SAFETY: the action's tensors and `ordered` live in `self` until it ends.
+        unsafe { ordered.advance(input, op, output, &mut self.requests) }
     }
 }
 

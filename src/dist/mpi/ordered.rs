@@ -27,7 +27,7 @@ use std::ffi::c_int;
 use tch::Tensor;
 
 use super::ffi::{self, Comm, Request};
-use super::job::Action;
+use crate::dist::ReduceOp;
 
 /// Calls of one communicator that may be in flight together.
 const TAGGED_CALLS: u64 = 8192;
@@ -60,22 +60,21 @@ fn bound(s: usize, n: usize, size: usize) -> usize {
 }
 
 impl Ordered {
-    /// Starts phase 1 of `action` (an all-reduce or a reduce-scatter), the
-    /// `index`th collective of `comm`, where this process is `rank` of
-    /// `size`; its requests go onto `requests`.
+    /// Starts phase 1 of a reduction of `input` (an all-reduce's buffer or
+    /// a reduce-scatter's input), the `index`th collective of `comm`, where
+    /// this process is `rank` of `size`; its requests go onto `requests`.
     ///
     /// # Safety
-    /// The action's tensors, and this value, must stay alive and untouched
+    /// The call's tensors, and this value, must stay alive and untouched
     /// until every request pushed (now and by [`Ordered::advance`]) has
     /// completed.
     pub unsafe fn start(
-        action: &Action,
+        input: &Tensor,
         comm: Comm,
         (rank, size): (usize, usize),
         index: u64,
         requests: &mut Vec<Request>,
     ) -> Result<Ordered, String> {
-        let input = input_of(action);
         let (n, elt) = (input.numel(), input.kind().elt_size_in_bytes());
         let (from, to) = (bound(rank, n, size), bound(rank + 1, n, size));
         let tag = ffi::TAG_ORDERED + 2 * (index % TAGGED_CALLS) as c_int;
@@ -97,12 +96,19 @@ impl Ordered {
     }
 
     /// Called once every request posted so far has completed: folds this
-    /// rank's slice after phase 1 and, for an all-reduce, posts phase 2.
-    /// True once the call has ended.
+    /// rank's slice of `input` with `op` after phase 1, into `output` for a
+    /// reduce-scatter, or in place for an all-reduce (`output` is `None`),
+    /// which then posts phase 2. True once the call has ended.
     ///
     /// # Safety
-    /// As [`Ordered::start`]'s, with the same `action`.
-    pub unsafe fn advance(&mut self, action: &Action, requests: &mut Vec<Request>) -> Result<bool, String> {
+    /// As [`Ordered::start`]'s, with the same `input`.
+    pub unsafe fn advance(
+        &mut self,
+        input: &Tensor,
+        op: ReduceOp,
+        output: Option<&Tensor>,
+        requests: &mut Vec<Request>,
+    ) -> Result<bool, String> {
         match self.phase {
             Phase::Exchange => {}
             Phase::Gather | Phase::Done => {
@@ -110,7 +116,6 @@ impl Ordered {
                 return Ok(true);
             }
         }
-        let input = input_of(action);
         let (n, elt, kind) = (input.numel(), input.kind().elt_size_in_bytes(), input.kind());
         let (from, to) = (bound(self.rank, n, self.size), bound(self.rank + 1, n, self.size));
         let base: *mut u8 = input.data_ptr().cast();
@@ -118,15 +123,11 @@ impl Ordered {
         let parts: Vec<*mut u8> = (0..self.size)
             .map(|r| if r == self.rank { own } else { self.parts[r].data_ptr().cast() })
             .collect();
-        let (op, out) = match action {
-            Action::AllReduce { op, .. } => (*op, own),
-            Action::ReduceScatter { output, op, .. } => (*op, output.data_ptr().cast()),
-            _ => unreachable!("input_of"),
-        };
+        let out = output.map_or(own, |output| output.data_ptr().cast());
         super::shm::fold_in_order(kind, op, None, &parts, to - from, &[out])
             .map_err(|e| format!("the slice's reduction in rank order: {e}"))?;
         self.parts.clear(); // no request reads or writes them any more
-        if !matches!(action, Action::AllReduce { .. }) {
+        if output.is_some() {
             self.phase = Phase::Done;
             return Ok(true);
         }
@@ -139,14 +140,5 @@ impl Ordered {
         }
         self.phase = Phase::Gather;
         Ok(false)
-    }
-}
-
-/// The tensor whose slices travel: an all-reduce's buffer, a reduce-scatter's input.
-fn input_of(action: &Action) -> &Tensor {
-    match action {
-        Action::AllReduce { buf, .. } => buf,
-        Action::ReduceScatter { input, .. } => input,
-        _ => unreachable!("only all-reduces and reduce-scatters are reduced in rank order"),
     }
 }
