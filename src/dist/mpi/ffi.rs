@@ -138,7 +138,10 @@ static MOST: AtomicUsize = AtomicUsize::new(MOST_PER_CALL);
 pub(crate) fn most_per_call_from_env() -> Result<(), String> {
     let Ok(text) = std::env::var("DDP_MPI_MOST_PER_CALL") else { return Ok(()) };
     match text.trim().parse::<usize>() {
-        Ok(most @ 1..) => Ok(MOST.store(most, Ordering::Relaxed)),
+        Ok(most @ 1..) => {
+            MOST.store(most, Ordering::Relaxed);
+            Ok(())
+        }
         _ => Err(format!(
             "DDP_MPI_MOST_PER_CALL={text:?} is not a positive number of elements; fix it or unset it"
         )),
