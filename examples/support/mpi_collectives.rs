@@ -2,8 +2,9 @@
 //! the MPI backend's all_reduce next to a memcpy of the same tensor. The
 //! benchmark starts itself twice under scripts/launch.sh (mpirun): once
 //! through the node's shared memory (src/dist/mpi/shm.rs, the default) and
-//! once with `DDP_MPI_SHM=off` (Open MPI's own collectives), and prints one
-//! Markdown table of both, with the load average before and after. Through
+//! once with `DDP_MPI_SHM=off` (messages in rank order,
+//! src/dist/mpi/ordered.rs), and prints one Markdown table of both, with
+//! its machine, load and date. Through
 //! shared memory it times two tensors: a plain one (copied into the window
 //! and back) and a buffer from `alloc_buffer`, as DDP's buckets get, summed
 //! where it lies (src/dist/mpi/shm/regions.rs).
@@ -101,7 +102,7 @@ mod with_mpi {
             "| size | path | all_reduce ms | algbw GB/s | memcpy ms | memcpy GB/s | all_reduce / memcpy bandwidth |\n\
              | ---: | :--- | ---: | ---: | ---: | ---: | ---: |\n",
         );
-        for (path, shm) in [("shared memory", "on"), ("Open MPI (DDP_MPI_SHM=off)", "off")] {
+        for (path, shm) in [("shared memory", "on"), ("messages in rank order (DDP_MPI_SHM=off)", "off")] {
             let exe = std::env::current_exe()?;
             let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/launch.sh");
             // The ranks print their rows; this process gathers them into one table.
