@@ -285,7 +285,7 @@ fn the_workbooks_bf16_order_rounds_once_less_than_pytorchs_on_3_ranks() {
     assert!(
         differing > 0,
         "the workbook's bf16 hook gave PyTorch's bits on 3 ranks: then it divides in bf16 as PyTorch does, \
-         which it says it does not (src/ddp/reducer/comm_hook.rs)"
+         which it says it does not (src/ddp/reducer/bf16_hooks.rs)"
     );
 }
 

@@ -18,8 +18,10 @@
 //! | `layout.rs` | the bucket layout: [`plan_buckets`], [`BucketCaps`], the re-plan |
 //! | `progress.rs` | [`BucketProgress`], [`mark_ready`]: which bucket may leave |
 //! | `steps.rs` | the three steps the reducer takes per bucket, which hooks and chapters replace |
-//! | `comm_hook.rs` | [`CommHook`], [`bf16_compress_hook`], [`bf16_compress_hook_pytorch_order`] |
+//! | `comm_hook.rs` | [`CommHook`] and how a hook takes a bucket's place |
+//! | `bf16_hooks.rs` | [`bf16_compress_hook`], [`bf16_compress_hook_pytorch_order`] |
 
+mod bf16_hooks;
 mod buckets;
 mod comm_hook;
 mod layout;
@@ -31,9 +33,10 @@ use std::time::Instant;
 
 use tch::Tensor;
 
+pub use bf16_hooks::{bf16_compress_hook, bf16_compress_hook_pytorch_order};
 pub use buckets::{sync_bucket, BucketingError, GradientBuckets, PlanBuckets};
+pub use comm_hook::CommHook;
 use comm_hook::HookSteps;
-pub use comm_hook::{bf16_compress_hook, bf16_compress_hook_pytorch_order, CommHook};
 pub use layout::{
     agree_on_order, check_plan, layout_fingerprint, plan_buckets, replanned, Bucket, BucketCaps, ParamMeta,
     DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES, MIB,
