@@ -1,9 +1,12 @@
-//! Helpers for the evcxr notebooks in `notebooks/`: run a closure on every
-//! rank and show what each rank wrote under its own `Rank N` heading, in rank
-//! order; run a closure on some ranks only, to see what a skipped collective
-//! does; time a piece of code. notebooks/README.md shows how a notebook uses
-//! them. Checked by `cargo test --test notebook`, `cargo test --lib notebook`
-//! (the private parts) and `cargo test --doc notebook`.
+//! Helpers for the evcxr notebooks in `notebooks/`: a [`World`] of rank
+//! threads started once, that runs cell after cell and keeps what each rank
+//! computed (`world.rs`, `rank.rs`); run a closure on every rank of a group
+//! made for one cell and show what each rank wrote under its own `Rank N`
+//! heading, in rank order; run a closure on some ranks only, to see what a
+//! skipped collective does; time a piece of code. notebooks/README.md shows
+//! how a notebook uses them. Checked by `cargo test --test notebook_world`,
+//! `cargo test --test notebook`, `cargo test --lib notebook` (the private
+//! parts) and `cargo test --doc notebook`.
 //!
 //! ```
 //! use ddp_workbook::dist::ReduceOp;
@@ -39,12 +42,18 @@ use std::time::{Duration, Instant};
 
 use crate::dist::{spawn_with, Group, SpawnError, SpawnOptions};
 
+// What a World's closure gets on each rank: its group, output and kept values.
+mod rank;
 // The error these helpers return, and the text printed under the cell.
 mod report;
 #[cfg(test)]
 mod tests;
+// Rank threads that live across cells, with what each rank keeps.
+mod world;
 
+pub use rank::{Found, Keepable, KeptError, Rank, RankOut};
 pub use report::RanksFailed;
+pub use world::{RankStatus, World, WorldStatus};
 
 /// The `anyhow` this crate was built with, for a notebook's own functions
 /// (`fn f() -> anyhow::Result<()>` after `use ddp_workbook::notebook::anyhow;`):
@@ -80,7 +89,7 @@ impl fmt::Write for RankOutput<'_> {
 
 /// A poisoned buffer (its rank panicked while writing) still holds the text
 /// written before the panic, which is exactly what the notebook should show.
-fn lock(buffer: &Mutex<String>) -> std::sync::MutexGuard<'_, String> {
+fn lock<T>(buffer: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

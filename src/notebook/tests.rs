@@ -67,3 +67,31 @@ fn median_time_runs_f_as_often_as_asked_and_takes_the_middle_time() {
     assert_eq!(median(vec![ms(5), ms(200), ms(1)]), ms(5), "one slow run must not be the median");
     assert_eq!(median(vec![ms(4), ms(2)]), ms(4));
 }
+
+#[test]
+fn a_world_prints_each_ranks_lines_under_its_heading_in_rank_order() {
+    let world = World::start(3).unwrap_or_else(|e| panic!("{e}"));
+    let (text, values) = world.cell(&[0, 1, 2], |rank| {
+        // Rank 0 writes last, rank 2 first: the text is still in rank order.
+        std::thread::sleep(Duration::from_millis(20 * (2 - rank.rank() as u64)));
+        writeln!(rank, "rank {} of {}", rank.rank(), rank.world_size())?;
+        let out = rank.out();
+        writeln!(out, "second line of rank {}", rank.rank())?;
+        Ok(rank.rank() * 10)
+    });
+    assert_eq!(values.unwrap_or_else(|e| panic!("{e}")), [0, 10, 20]);
+    let expected: String =
+        (0..3).map(|r| format!("── Rank {r} ──\nrank {r} of 3\nsecond line of rank {r}\n")).collect();
+    assert_eq!(text, expected);
+    let (text, failed) =
+        world.cell(&[1], |_rank| -> anyhow::Result<()> { anyhow::bail!("no data on rank 1") });
+    assert!(failed.is_err());
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[..2], ["── Rank 0 (skipped this closure) ──", "── Rank 1 (failed) ──"], "{text}");
+    assert!(
+        text.ends_with(
+            "Values that hold the old group (built from rank.pg() before this cell) must be built again.\n"
+        ),
+        "{text}"
+    );
+}

@@ -14,6 +14,7 @@
 //! | `slot.rs` | one call's meeting place and its shared result, computed in rank order |
 //! | `scheme.rs` | which all_reduce algorithm a call uses: by size and rank count |
 //! | `split_reduce.rs` | the all_reduce that its ranks finish in place, in their own tensors |
+//! | `standing.rs` | [`StandingGroup`]: one group's rank handles, for rank threads that outlive one closure (the notebooks' `World`) |
 //! | `spin.rs` | how a rank waits: watch briefly, then sleep; counts of each |
 //! | `p2p.rs` | `send` and `recv`: mailboxes between two ranks |
 //! | `comm_thread.rs` | each rank's communication thread, where `all_reduce_async` progresses |
@@ -33,6 +34,7 @@ mod slot;
 mod spawn;
 mod spin;
 mod split_reduce;
+mod standing;
 mod world;
 
 pub use group::LocalProcessGroup;
@@ -40,3 +42,4 @@ pub use link::SimulatedLink;
 pub use scheme::{split_wins, AllReduceScheme, SPLIT_FROM_BYTES};
 pub use spawn::{spawn, spawn_with, RankFailure, SpawnError, SpawnOptions};
 pub use spin::{wait_counts, WaitCounts};
+pub use standing::StandingGroup;

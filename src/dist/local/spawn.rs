@@ -89,6 +89,16 @@ impl SpawnOptions {
         }
     }
 
+    /// The simulated link set with [`link`](Self::link), if any.
+    pub(super) fn link_setting(&self) -> Option<SimulatedLink> {
+        self.link
+    }
+
+    /// The all_reduce algorithm set with [`all_reduce_scheme`](Self::all_reduce_scheme).
+    pub(super) fn scheme_setting(&self) -> AllReduceScheme {
+        self.all_reduce_scheme
+    }
+
     /// For tests of `spawn` itself: pretend that the operating system
     /// refuses to start `rank`'s thread.
     #[doc(hidden)]
@@ -103,6 +113,19 @@ impl SpawnOptions {
 pub enum RankFailure {
     Panicked(String),
     Error(anyhow::Error),
+}
+
+impl RankFailure {
+    /// Runs one rank's work, catching a panic: how `spawn` runs each rank,
+    /// for callers that run rank threads themselves. The panic hook has
+    /// already run when this returns (it prints the panic unless replaced).
+    pub fn catch<T>(work: impl FnOnce() -> anyhow::Result<T>) -> Result<T, RankFailure> {
+        match catch_unwind(AssertUnwindSafe(work)) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(RankFailure::Error(error)),
+            Err(payload) => Err(RankFailure::Panicked(panic_message(payload.as_ref()))),
+        }
+    }
 }
 
 impl std::fmt::Display for RankFailure {
@@ -236,12 +259,7 @@ where
     F: Fn(Group) -> anyhow::Result<T> + Sync,
 {
     let group: Group = Arc::new(LocalProcessGroup::new(rank, world.clone()));
-    let outcome = match catch_unwind(AssertUnwindSafe(|| f(group))) {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(RankFailure::Error(error)),
-        Err(payload) => Err(RankFailure::Panicked(panic_message(payload.as_ref()))),
-    };
-    match outcome {
+    match RankFailure::catch(|| f(group)) {
         Ok(value) => {
             world.leave(rank, "finished and left the group".into());
             Some(value)
