@@ -94,7 +94,6 @@ impl World {
     /// `World::start_with(SpawnOptions::new(2).timeout(Duration::from_secs(5)))`.
     pub fn start_with(options: SpawnOptions) -> Result<World, SpawnError> {
         let group = Arc::new(StandingGroup::new(&options)?);
-        install_quiet_panic_hook();
         let size = options.world_size;
         let status = Arc::new(Mutex::new(
             (0..size).map(|rank| RankStatus { rank, ..RankStatus::default() }).collect(),
@@ -238,6 +237,10 @@ impl World {
                          World::start(n)?;";
             return (String::new(), Err(RanksFailed::Invalid(error.into())));
         }
+        // Here, not only in `start`: evcxr links a copy of this crate into
+        // every cell, each with its own "quiet" flag, and this cell's copy
+        // is the one whose flag the jobs below set.
+        install_quiet_panic_hook();
         let cell = self.cell_count.fetch_add(1, Ordering::SeqCst) + 1;
         let f = Arc::new(f);
         let outs: Vec<RankOut> = (0..self.size).map(|_| RankOut::new()).collect();
@@ -352,6 +355,9 @@ fn take<T>(shared: &Mutex<Vec<T>>) -> Vec<T> {
     std::mem::take(&mut *lock(shared))
 }
 
+/// How much of a rank's last error a status line shows.
+const STATUS_ERROR_CHARS: usize = 100;
+
 impl fmt::Display for WorldStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let size = self.ranks.len();
@@ -370,7 +376,10 @@ impl fmt::Display for WorldStatus {
             let kept = if kept.is_empty() { "nothing".to_string() } else { kept.join(", ") };
             write!(f, "\n  rank {}: {doing}; keeps {kept}", status.rank)?;
             if let Some(error) = &status.last_error {
-                write!(f, "; last error: {error}")?;
+                // Its start says what failed; the whole text is in `last_error`.
+                let shown: String = error.chars().take(STATUS_ERROR_CHARS).collect();
+                let more = if shown.len() < error.len() { " …" } else { "" };
+                write!(f, "; last error: {shown}{more}")?;
             }
         }
         Ok(())
