@@ -34,14 +34,16 @@
 //! the notebook runner treats `panicked at` on stderr as a failed notebook,
 //! and a failure shown on purpose must not count as one.
 
-use std::cell::{Cell, RefCell};
 use std::fmt;
-use std::panic::{self, catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, Once};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::dist::{spawn_with, Group, SpawnError, SpawnOptions};
+use quiet::{last_panic_place, lock, quietly};
 
+// Panics of rank closures kept off stderr, and the lock on what ranks share.
+mod quiet;
 // What a World's closure gets on each rank: its group, output and kept values.
 mod rank;
 // The error these helpers return, and the text printed under the cell.
@@ -85,12 +87,6 @@ impl fmt::Write for RankOutput<'_> {
         lock(self.buffer).push_str(text);
         Ok(())
     }
-}
-
-/// A poisoned buffer (its rank panicked while writing) still holds the text
-/// written before the panic, which is exactly what the notebook should show.
-fn lock<T>(buffer: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `f` on every rank of a fresh in-process group of `world_size` ranks
@@ -174,7 +170,6 @@ where
     F: Fn(Group, &mut RankOutput<'_>) -> anyhow::Result<T> + Sync,
 {
     let world_size = options.world_size;
-    install_quiet_panic_hook();
     let buffers: Vec<Mutex<String>> = (0..world_size).map(|_| Mutex::new(String::new())).collect();
     let panic_locations: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
     let runs_here = |rank: usize| only.is_none_or(|ranks| ranks.contains(&rank));
@@ -185,13 +180,11 @@ where
             return Ok(None); // this rank skips the closure and leaves the group
         }
         let mut out = RankOutput { rank, buffer: &buffers[rank] };
-        QUIET_PANICS.with(|quiet| quiet.set(true));
-        let result = catch_unwind(AssertUnwindSafe(|| f(pg, &mut out)));
-        QUIET_PANICS.with(|quiet| quiet.set(false));
+        let result = quietly(|| catch_unwind(AssertUnwindSafe(|| f(pg, &mut out))));
         match result {
             Ok(value) => value.map(Some),
             Err(payload) => {
-                if let Some(place) = LAST_PANIC_LOCATION.with(|l| l.borrow_mut().take()) {
+                if let Some(place) = last_panic_place() {
                     panic_locations.lock().unwrap_or_else(|p| p.into_inner()).push((rank, place));
                 }
                 // On to spawn, which reports it as this rank's panic. resume_unwind
@@ -233,30 +226,4 @@ fn check_arguments(world_size: usize, only: Option<&[usize]>) -> Result<(), Rank
         )));
     }
     Ok(())
-}
-
-thread_local! {
-    /// Set while a rank thread runs the notebook's closure: the panic hook
-    /// then keeps the panic off stderr, because the report shows it.
-    static QUIET_PANICS: Cell<bool> = const { Cell::new(false) };
-    /// Where the last quiet panic of this thread happened.
-    static LAST_PANIC_LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// Wraps the process's panic hook once (per copy of this crate: evcxr links
-/// one into every cell) so that panics in rank closures are recorded, not
-/// printed. Every other panic still goes to the previous hook.
-fn install_quiet_panic_hook() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let previous = panic::take_hook();
-        panic::set_hook(Box::new(move |info| {
-            if QUIET_PANICS.with(Cell::get) {
-                let place = info.location().map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()));
-                LAST_PANIC_LOCATION.with(|l| *l.borrow_mut() = place);
-            } else {
-                previous(info);
-            }
-        }));
-    });
 }

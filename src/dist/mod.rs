@@ -50,9 +50,7 @@ use tch::Tensor;
 pub use crate::error_text::{cause_in_words, panic_in_words};
 pub use error::{torch_error, DistError};
 pub use launch::{LaunchEnv, Launcher};
-pub use local::{
-    spawn, spawn_with, LocalProcessGroup, RankFailure, SimulatedLink, SpawnError, SpawnOptions, StandingGroup,
-};
+pub use local::{spawn, spawn_with, LocalProcessGroup, RankFailure, SimulatedLink, SpawnError, SpawnOptions};
 pub use settings::{parse_timeout_secs, timeout_from_env};
 pub use tag::{current_tag, tagged};
 

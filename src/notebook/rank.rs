@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use super::quiet::lock;
 use crate::dist::Group;
 
 /// What a rank may keep: a value that can move to the rank's thread and
@@ -55,11 +56,11 @@ impl RankOut {
 
     /// What `write!` and `writeln!` call (no `use std::fmt::Write` needed).
     pub fn write_fmt(&self, args: fmt::Arguments<'_>) -> fmt::Result {
-        fmt::Write::write_fmt(&mut *super::lock(&self.buffer), args)
+        fmt::Write::write_fmt(&mut *lock(&self.buffer), args)
     }
 
     pub(super) fn text(&self) -> String {
-        super::lock(&self.buffer).clone()
+        lock(&self.buffer).clone()
     }
 }
 

@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::quiet::{last_panic_place, lock, quietly};
 use super::rank::{Rank, RankOut};
 use super::report::{report, RanksFailed};
-use super::{install_quiet_panic_hook, lock, LAST_PANIC_LOCATION, QUIET_PANICS};
-use crate::dist::{RankFailure, SpawnError, SpawnOptions, StandingGroup};
+use crate::dist::local::StandingGroup;
+use crate::dist::{RankFailure, SpawnError, SpawnOptions};
 
 /// One cell's work for one rank thread.
 type Job = Box<dyn FnOnce(&mut Rank) + Send>;
@@ -237,10 +238,6 @@ impl World {
                          World::start(n)?;";
             return (String::new(), Err(RanksFailed::Invalid(error.into())));
         }
-        // Here, not only in `start`: evcxr links a copy of this crate into
-        // every cell, each with its own "quiet" flag, and this cell's copy
-        // is the one whose flag the jobs below set.
-        install_quiet_panic_hook();
         let cell = self.cell_count.fetch_add(1, Ordering::SeqCst) + 1;
         let f = Arc::new(f);
         let outs: Vec<RankOut> = (0..self.size).map(|_| RankOut::new()).collect();
@@ -256,16 +253,14 @@ impl World {
             let job: Job = Box::new(move |rank: &mut Rank| {
                 rank.begin_cell(group.rank(r), out);
                 lock(&status)[r].busy_in_cell = Some(cell);
-                QUIET_PANICS.with(|quiet| quiet.set(true));
-                let outcome = RankFailure::catch(|| f(rank));
-                QUIET_PANICS.with(|quiet| quiet.set(false));
+                let outcome = quietly(|| RankFailure::catch(|| f(rank)));
                 let error = match outcome {
                     Ok(value) => {
                         lock(&values)[r] = Some(value);
                         None
                     }
                     Err(failure) => {
-                        if let Some(place) = LAST_PANIC_LOCATION.with(|l| l.borrow_mut().take()) {
+                        if let Some(place) = last_panic_place() {
                             lock(&places).push((r, place));
                         }
                         let reason = failure.to_string();
