@@ -302,3 +302,36 @@ fn sync_passes_on_a_healthy_world_and_bad_rank_lists_are_clear_errors() {
     assert!(twice.to_string().contains("listed twice"), "{twice}");
     assert_eq!(world.status().cells, 1, "rejected lists run no cell");
 }
+
+#[test]
+fn a_value_holding_the_old_group_fails_after_a_failed_cell_saying_why() {
+    let world = start(2);
+    world
+        .run(|rank| {
+            rank.keep("old group", rank.pg().clone()); // as a DDP wrapper would hold it
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    _ = world.on(&[0], |_rank| -> anyhow::Result<()> { anyhow::bail!("rank 0 fails cell 2") });
+    let outcome = world
+        .run(|rank| {
+            let old = rank.get::<ddp_workbook::dist::Group>("old group")?;
+            let mut x = tensor_of(rank.rank());
+            Ok(old.all_reduce(&mut x, ReduceOp::Sum).map_err(|e| e.to_string()))
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let message = outcome[1].clone().expect_err("the old group is retired");
+    assert!(message.contains("rank 0 returned an error: rank 0 fails cell 2"), "{message}");
+    assert!(message.contains("then the World made a new group: rank.pg()"), "{message}");
+    // The new group, from rank.pg(), works: the sum is the one added up here.
+    assert_eq!(
+        world
+            .run(|rank| {
+                let mut x = tensor_of(rank.rank());
+                rank.pg().all_reduce(&mut x, ReduceOp::Sum)?;
+                Ok(Vec::<f64>::try_from(&x)?)
+            })
+            .unwrap_or_else(|e| panic!("{e}")),
+        vec![sum_by_hand(2); 2]
+    );
+}

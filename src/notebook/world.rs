@@ -266,7 +266,10 @@ impl World {
                         let reason = failure.to_string();
                         // Recorded before the peers wake, so the cause is listed first.
                         lock(&failures).push((r, failure));
-                        group.leave(r, format!("{reason} (in the world's cell {cell})"));
+                        // Values kept with this group (a DDP wrapper) meet this
+                        // reason at their next call, once the world has made a new one.
+                        let why = format!("{reason} (in the World's cell {cell}; then the World made a new group: rank.pg())");
+                        group.leave(r, why);
                         Some(reason)
                     }
                 };
