@@ -172,6 +172,8 @@ impl World {
     /// Ends the rank threads (after the cell they are running, if any) and
     /// drops what they keep. Later cells on this world fail with an error
     /// that says to start a new one. Calling it twice does nothing more.
+    /// Like [`spawn`](crate::dist::spawn), it cannot stop a thread: a rank
+    /// stuck outside any call of the group (an endless loop) is waited for.
     pub fn shutdown(&self) {
         let mut cells = lock(&self.cells);
         if cells.shut_down {
