@@ -308,7 +308,8 @@ impl World {
                 ranks.iter().map(|&r| values[r].take().expect("a rank that did not fail has a value"));
             return (report(&texts, &[], None), Ok(values.collect()));
         }
-        let remade = self.remake_group(&mut cells, cell);
+        let cause = failures.first().map_or_else(String::new, |(r, failure)| format!("rank {r} {failure}"));
+        let remade = self.remake_group(&mut cells, cell, &cause);
         let failed =
             RanksFailed::Ranks { failures, panic_locations: take(&places), skipped: skipped.clone() };
         let mut text = report(&texts, &skipped, Some(&failed));
@@ -318,9 +319,14 @@ impl World {
 
     /// After a failed cell: every rank leaves the old group (so that what
     /// still holds it fails at once, saying why) and gets a new one.
-    fn remake_group(&self, cells: &mut Cells, cell: usize) -> String {
+    /// `cause` (the first failure, "rank 0 returned an error: ...") goes
+    /// into every rank's reason, so that a call on the old group names it
+    /// whichever rank reaches the call first.
+    fn remake_group(&self, cells: &mut Cells, cell: usize, cause: &str) -> String {
         for rank in 0..self.size {
-            let reason = format!("left: the World made a new group after cell {cell} failed");
+            let reason = format!(
+                "left: {cause} (in the World's cell {cell}; then the World made a new group: rank.pg())"
+            );
             cells.group.leave(rank, reason);
         }
         match StandingGroup::new(&self.options) {

@@ -37,9 +37,16 @@ impl World {
     /// that other slots and messages are not held up meanwhile.
     pub fn arrive(&self, rank: usize, seq: u64, call: Call, input: Option<Tensor>) {
         let mut state = self.lock();
+        // A rank that has left (a notebook World retires a whole group after
+        // a failed cell) must not complete a call with its peers, whatever
+        // order they come in: the call fails on every rank with its reason.
+        let left = state.gone[rank].clone();
         let slot = state.slots.entry(seq).or_insert_with(|| Slot::new(self.size));
         slot.arrived[rank] = true;
         slot.late[rank] = slot.abandoned.is_some();
+        if let (Some(reason), None) = (left, &slot.outcome) {
+            slot.outcome = Some(Outcome::Abandoned { by: rank, reason });
+        }
         match &slot.first {
             None => slot.first = Some((rank, call.clone())),
             Some((first_rank, first_call)) if *first_call != call && slot.outcome.is_none() => {
@@ -176,10 +183,15 @@ impl World {
         loop {
             let state = &mut *guard;
             let Some(slot) = state.slots.get_mut(&seq) else {
-                // Only possible after this rank has left the group.
-                let detail = "this rank left the group before waiting for this call \
-                              (was a Work handle kept after spawn returned?)";
-                return Err(DistError::Invalid { rank: me, op: op(), detail: detail.into() });
+                // Only possible after this rank has left the group; its own
+                // reason says why, whichever rank reached the call first.
+                let detail = match &state.gone[rank] {
+                    Some(reason) => format!("this rank has left the group: {reason}"),
+                    None => "this rank left the group before waiting for this call \
+                             (was a Work handle kept after spawn returned?)"
+                        .to_string(),
+                };
+                return Err(DistError::Invalid { rank: me, op: op(), detail });
             };
             let shared = match (&slot.outcome, &slot.abandoned) {
                 // Shallow handles: the copy below runs without the lock.
