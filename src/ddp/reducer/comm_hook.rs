@@ -5,7 +5,8 @@
 //! registered hook ([`SimpleDistributedDataParallelism::register_comm_hook`](crate::ddp::SimpleDistributedDataParallelism::register_comm_hook))
 //! is handed each complete bucket's flat buffer during backward and returns
 //! a [`Work`]; once that is waited on, the buffer must hold the mean. The
-//! library's hooks are in `bf16_hooks.rs`.
+//! library's hooks are in a file of their own, `bf16_hooks.rs`, since one of
+//! them is chapter 12's answer.
 
 use tch::Tensor;
 

@@ -1,5 +1,6 @@
 //! Spoiler: this file holds the library's answers to chapter 11's
-//! `shard_of` and `step_bucket` (`src/ch11_zero/exercise.rs`). Working
+//! `shard_of` and `step_bucket` (`src/ch11_zero/exercise.rs`), and
+//! `step_bucket` member by member, one step away from them. Working
 //! through the book? Write yours first; the book shows them on the
 //! chapter's solution page.
 //!
@@ -90,3 +91,44 @@ pub fn step_bucket(
         .map_err(torch_error(pg, "copying the gathered shards into the bucket"))
 }
 // ANCHOR_END: step_bucket
+
+/// [`step_bucket`] for a bucket whose members do not all take the same
+/// step: `counts[k]` is member `k`'s step count for this update, `None` if
+/// it is not stepped (its part of the shard, parameter and moments, is left
+/// as it is). The same collectives as `step_bucket`, and per member the
+/// same arithmetic on its part of this rank's shard, with its own bias
+/// correction. `numels[k]` is member `k`'s size; `settings` gives the rest.
+pub(super) fn step_bucket_per_parameter(
+    pg: &dyn ProcessGroup,
+    bucket: &mut ShardedBucket,
+    numels: &[i64],
+    counts: &[Option<i64>],
+    settings: &AdamWUpdate,
+) -> Result<(), DistError> {
+    let (offset, len) = (bucket.shard.offset as i64, bucket.shard.len as i64);
+    let mut grad = pg.reduce_scatter(&bucket.grad, ReduceOp::Sum)?; // [len], this rank's shard
+    let _ = grad
+        .f_div_scalar_(pg.world_size() as f64)
+        .map_err(torch_error(pg, "dividing the gradient shard by the world size"))?;
+    let mut start = 0;
+    for (&numel, &count) in numels.iter().zip(counts) {
+        // The member's elements that fall in this rank's shard, in bucket coordinates.
+        let (from, to) = (start.max(offset), (start + numel).min(offset + len));
+        start += numel;
+        let Some(step) = count.filter(|_| from < to) else { continue };
+        let (at, n) = (from - offset, to - from);
+        let update = AdamWUpdate { step, ..*settings };
+        update
+            .apply(
+                &mut bucket.param.narrow(0, from, n),
+                &grad.narrow(0, at, n),
+                &mut bucket.exp_avg.narrow(0, at, n),
+                &mut bucket.exp_avg_sq.narrow(0, at, n),
+            )
+            .map_err(torch_error(pg, "AdamW on a parameter's part of this rank's shard"))?;
+    }
+    let mine = bucket.param.narrow(0, offset, len);
+    let shards = pg.all_gather(&mine)?; // world_size x [len], in rank order
+    tch::no_grad(|| bucket.param.f_copy_(&Tensor::cat(&shards, 0)))
+        .map_err(torch_error(pg, "copying the gathered shards into the bucket"))
+}
