@@ -146,7 +146,8 @@ pub struct Work {
 }
 
 impl Work {
-    /// Wraps a backend's completion step; backends call this, users do not.
+    /// Wraps a completion step: what a backend runs to finish a call, or what
+    /// a communication hook (chapter 12) does once its collective is done.
     pub fn new(wait: impl FnOnce() -> Result<(), DistError> + Send + 'static) -> Self {
         Work { wait: Some(Box::new(wait)), release: None }
     }
