@@ -26,7 +26,11 @@ fn main() {
     }
     if std::env::var_os("CARGO_FEATURE_NCCL").is_some() {
         // cudarc opens `libnccl.so` by name; scripts/setup.sh links it here.
-        let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join(".nccl");
+        // Read when the script runs, not baked in when it was compiled: a
+        // build script compiled for one checkout may be run for another.
+        let root =
+            std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR for build scripts");
+        let folder = Path::new(&root).join(".nccl");
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", folder.display());
     }
 }
