@@ -56,11 +56,12 @@ pub fn step_bucket(
     // first `bucket.numel` elements ARE the model's parameters. The tests
     // compare every weight after every step with plain DDP and one process,
     // on 2, 3 and 4 ranks, and count the bytes you hand to collectives.
-    // The average is DDP's, bit for bit: reduce with `ReduceOp::Sum`, then
-    // divide the sum by the world size. Not `ReduceOp::Avg` (NCCL's
-    // multiplies each rank's values by 1/N before the sum), not a
-    // multiplication by 1/N: they round differently, and the tests see it.
-    // Yours to decide: how to update a part of `bucket.param` and of the
+    // The average is DDP's, bit for bit: each element of your shard's
+    // gradient must be the very float plain DDP's all-reduce and division
+    // leave in that element (ways to average that are equal on paper round
+    // differently, and the tests compare bits and name the way you used).
+    // Yours to decide: which reduction and which division give those
+    // bits; how to update a part of `bucket.param` and of the
     // moments in place; how the gathered shards get back into it.
     // Available: `pg.reduce_scatter`, `pg.all_gather`,
     // `crate::dist::ReduceOp`, `pg.world_size()`,

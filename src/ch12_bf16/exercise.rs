@@ -26,37 +26,27 @@ use crate::dist::{DistError, ProcessGroup, Work};
 pub fn bf16_compress_hook(pg: &dyn ProcessGroup, buffer: &Tensor) -> Result<Work, DistError> {
     // TODO: the bucket leaves as bf16 and comes back as the mean, in the
     // bucket's own dtype.
-    // Keep (the tests check each): one all-reduce per bucket, of a bf16
-    // tensor of the bucket's length (they count the bytes); none of it part
-    // of the model (no autograd). Timing: the wrapper calls you during
-    // backward and waits on your Work after it, so `buffer` must keep its
-    // values until that wait, and hold the mean after it. The all-reduce's
-    // tensor has no defined value until ITS Work has been waited on (a
-    // real backend may still be sending it), and must not be written
-    // before: the tests run your hook under a group that fills it with NaN
-    // until then.
-    // Yours to decide: where the division by the world size goes, and in
-    // which dtype it happens (bf16 keeps 8 significant bits: every operation
-    // done in bf16 is one more rounding); which tensor the all-reduce fills,
-    // and how its result gets back into `buffer` once it has arrived.
-    // Tools: `pg.all_reduce_async` with `crate::dist::ReduceOp`,
-    // `pg.world_size()`, `Tensor::f_to_kind` with `tch::Kind::BFloat16`,
-    // `Tensor::f_div_scalar`, `Tensor::f_copy_` (converts dtypes),
-    // `tch::no_grad`, and:
-    // - `Work::new(move || { ...; Ok(()) })`: a Work that runs your closure
-    //   when it is waited on, after this function has returned. So the
-    //   closure cannot borrow `buffer` or `pg`; what it uses moves into it.
-    //   Inside, `other_work.wait()?` works as it is (it returns DistError).
-    // - `buffer.shallow_clone()`: a second handle on the bucket's storage,
-    //   no copy, which a closure can own: writing through it writes the
-    //   bucket. (`buffer.copy()` is new memory: writing it leaves the
-    //   bucket as it was.)
-    // - `crate::dist::torch_error(pg, "what was being done")`: a converter
-    //   from tch's error to `DistError` that carries the rank and your
-    //   words; `.map_err(torch_error(pg, "..."))` on an `f_...` call gives a
-    //   `DistError` for `?`. It owns what it needs, so a converter made
-    //   before the closure can move into it, where `pg` cannot. One
-    //   converter per `map_err` (it is used up).
+    // The contract (the tests check each): one all-reduce per bucket, of a
+    // bf16 tensor of the bucket's length (they count the bytes); none of it
+    // part of the model (no autograd); bitwise the same result on every
+    // rank; no rounding to bf16 that the wire does not need (they compare
+    // the bits with the orders that have none).
+    // Timing: the wrapper calls you during backward and waits on your Work
+    // after it, so `buffer` must keep its values until that wait, and hold
+    // the mean after it. The all-reduce's tensor has no defined value until
+    // ITS Work has been waited on (a real backend may still be sending it),
+    // and must not be written before: the tests run your hook under a group
+    // that fills it with NaN until then.
+    // Yours to decide:
+    // - what to cast: which tensor travels, and what becomes of `buffer`
+    //   meanwhile;
+    // - when to divide by the world size, and in which dtype (every
+    //   operation done in bf16 is one more rounding to 8 significant bits);
+    // - what to wait on, and where: what must have happened before the
+    //   mean is in `buffer`, when this function has already returned (the
+    //   Work you return runs code of yours at the wrapper's wait; the
+    //   chapter's "When the hook may touch what" shows how it owns what
+    //   it needs).
     // Stuck? `cargo workbook hint 12` gives hints one at a time.
     todo!("exercise ch12: bf16_compress_hook in src/ch12_bf16/exercise.rs")
 }
