@@ -45,25 +45,44 @@ fn the_bucket_is_read_and_divided_only_where_the_all_reduce_cannot_overwrite_it(
             let bucket = Bucket { kind: Kind::Double, device: Device::Cpu, params: vec![0], numel: 6 };
             let mut buffer = Tensor::zeros([6], (Kind::Double, Device::Cpu));
             let work = learner::launch_bucket(&pg, &bucket, &mut buffer, &params)?;
+            // What launch_bucket left in the bucket: the gradients it copied
+            // in, unless it changed them after starting the all-reduce.
+            let launched = buffer.double_value(&[0]);
             learner::finish_bucket(&pg, &bucket, &mut buffer, work, &params)?;
-            Ok((own, Vec::<f64>::try_from(params[0].1.grad().reshape([-1]))?))
+            Ok((own, launched, Vec::<f64>::try_from(params[0].1.grad().reshape([-1]))?))
         });
         let n = world_size as f64;
         let sum: f64 = (1..=world_size).map(|r| r as f64).sum();
         let mean = sum / n;
-        for (rank, (own, grad)) in per_rank.iter().enumerate() {
+        for (rank, (own, launched, grad)) in per_rank.iter().enumerate() {
             let got = grad[0];
-            let why = if got == sum {
-                "the sum, undivided: your finish_bucket divided before work.wait() (or a launch_bucket that divided \
-                 after all_reduce_async), while the all-reduce still owned the bucket, and the sum it \
-                 delivered at the wait overwrote the division. Divide before the all-reduce starts or after \
-                 the wait"
+            // Which function divided is told by the bucket as launch_bucket
+            // left it: its own gradients, or already divided.
+            let launch_divided = launched != own;
+            let why = if got == sum && launch_divided {
+                format!(
+                    "the sum, undivided: your launch_bucket divided the bucket after all_reduce_async had \
+                     started (it held {launched} when launch_bucket returned, not this rank's {own}), while \
+                     the all-reduce still owned the bucket, and the sum it delivered at the wait overwrote \
+                     the division. Divide before the all-reduce starts or, in finish_bucket, after the wait"
+                )
+            } else if got == sum {
+                "the sum, undivided: your finish_bucket divided before work.wait(), while the all-reduce \
+                 still owned the bucket, and the sum it delivered at the wait overwrote the division. \
+                 Divide after the wait"
+                    .to_string()
+            } else if got == mean / n && launch_divided {
+                "the mean divided by the world size once more: your launch_bucket divided before the \
+                 all-reduce and your finish_bucket divided after the wait. Divide once, in one of them"
+                    .to_string()
             } else if got == *own || got == own / n {
                 "this rank's own gradient: your finish_bucket read the bucket before work.wait() had \
                  delivered the sum. Copy back only after the wait"
+                    .to_string()
             } else {
                 "neither the mean nor anything the chapter foresaw: check which slot your launch_bucket \
                  fills for each member and which one your finish_bucket reads"
+                    .to_string()
             };
             assert!(
                 relative_eq!(grad.as_slice(), [mean; 6].as_slice(), max_relative = 1e-12),

@@ -7,7 +7,8 @@
 //! exact in any order and whose mean is not: sum-then-divide, multiplying
 //! the sum by 1/3, dividing each rank's part before the sum and NCCL's
 //! average (each part times 1/3, then summed) each round some of them to
-//! other bits, and AdamW's first moment, (1 - beta1) times the gradient,
+//! other bits (and a second division after either, "you divided twice",
+//! is 3 times off), and AdamW's first moment, (1 - beta1) times the gradient,
 //! keeps the difference. The group here averages as NCCL does (this
 //! machine's backends sum then divide, which would hide `ReduceOp::Avg`).
 //! The expected values come from one process: AdamW on the whole buffer with
@@ -127,6 +128,17 @@ pub(super) fn averages() -> Vec<(&'static str, Tensor)> {
             "step_bucket divided each rank's gradients by N before the sum, which rounds differently \
              from DDP. Reduce-scatter with ReduceOp::Sum, then divide by the world size",
             each(&|p| p / n),
+        ),
+        (
+            "you divided twice: step_bucket reduced with ReduceOp::Avg, which already divides (NCCL's \
+             multiplies each rank's values by 1/N before the sum), and then divided the result by the \
+             world size again. Reduce-scatter with ReduceOp::Sum, then divide by the world size, once",
+            &each(&|p| p * (1.0 / n)) / n,
+        ),
+        (
+            "you divided twice: step_bucket divided the reduce_scatter's sum by the world size twice. \
+             Divide it once",
+            &sum / n / n,
         ),
     ]
 }

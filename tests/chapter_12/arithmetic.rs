@@ -52,7 +52,7 @@ pub fn within_bound(result: &Tensor, contributions: &[Tensor]) -> Result<f64, St
         let sum_error = (result.to_kind(Kind::Double) - &mean * world as f64).abs();
         let sum_ratio = sum_error / (scale.clamp_min(f64::MIN_POSITIVE) * world as f64 * bf16_bound(world));
         let likely = if sum_ratio.max().double_value(&[]) <= 1.0 {
-            format!(". It is the SUM of the {world} ranks' values: did your hook divide by the world size?")
+            format!(". It is the SUM of the {world} ranks' values: did your bf16_compress_hook divide by the world size?")
         } else {
             String::new()
         };

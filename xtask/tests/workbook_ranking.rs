@@ -142,3 +142,108 @@ fn controls_rank_last_and_a_symptom_is_said_to_be_one() {
         ]
     );
 }
+
+/// Fails unless `fragment` is in the chapter test source `path`: the runs
+/// below quote the chapter tests' messages, and must not outlive them.
+fn quoted_from(path: &str, fragment: &str) {
+    let source = std::fs::read_to_string(xtask::repo_root().join(path)).expect("the test source is readable");
+    let joined: String = source.split("\\\n").map(str::trim_start).collect::<Vec<_>>().join("");
+    assert!(joined.contains(fragment), "{path} no longer says {fragment:?}");
+}
+
+#[test]
+fn a_hook_that_never_divides_is_first_told_it_returns_the_sum() {
+    // bf16_compress_hook with no division, in the order the failures came on
+    // a run where the bit-order test finished first. That test used to say
+    // "rounded to bf16 once more than the all-reduce needs", a symptom tied
+    // with the bound test's, so the order of finishing decided which showed.
+    let ch12 = chapter("12");
+    let sum = "did your bf16_compress_hook divide by the world size?";
+    quoted_from("tests/chapter_12/arithmetic.rs", sum);
+    quoted_from("tests/chapter_12.rs", "outside the bound before any question of roundings");
+    let run = tally(&[
+        (
+            "the_mean_has_no_rounding_the_wire_does_not_need",
+            &format!(
+                "Float on 3 ranks, outside the bound before any question of roundings: element 4485 is \
+                 4.9375e0 where the mean over 3 ranks is 1.6332736760377884e0: an error of 170.605 times the \
+                 bound. It is the SUM of the 3 ranks' values: {sum}"
+            ),
+        ),
+        (
+            "the_mean_is_within_n_bf16_roundings_on_2_3_and_4_ranks",
+            &format!(
+                "Float on 2 ranks: element 7641 is -2.09375e0. It is the SUM of the 2 ranks' values: {sum}"
+            ),
+        ),
+        (
+            "training::each_step_is_within_the_bound_and_the_replicas_stay_bitwise_equal",
+            &format!(
+                "rank 2 returned an error: step 0: element 2553. It is the SUM of the 3 ranks' values: {sum}"
+            ),
+        ),
+    ]);
+    for ranked in rank_failures(&ch12, &run) {
+        assert_eq!(ranked.pointing, Pointing::SaysYour, "{}", run.failures[ranked.index].0);
+    }
+    let lines = verdict::describe(&ch12, &run, 1);
+    assert!(lines.iter().any(|l| l.contains(sum)), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("start with `bf16_compress_hook`")), "{lines:#?}");
+}
+
+#[test]
+fn avg_and_a_division_is_told_it_divided_twice() {
+    // step_bucket reducing with ReduceOp::Avg and then dividing: the step
+    // test used to restate the recipe; it now names the double division,
+    // and the runs built on step_bucket quote it.
+    let ch11 = chapter("11");
+    let twice = "you divided twice: step_bucket reduced with ReduceOp::Avg, which already divides";
+    quoted_from("tests/chapter_11/step_bucket.rs", twice);
+    let quoted = format!("step_bucket's own test (one bucket on 3 ranks) fails: the first moments are not AdamW's with sum / N: {twice}");
+    let run = tally(&[
+        ("checkpoint::plain_adamw_resumes_from_the_gathered_checkpoint", &format!("saved by ZeRO-1 on 3 ranks: {quoted}")),
+        (
+            "step_bucket::step_bucket_averages_as_ddp_and_updates_the_bucket_in_place",
+            &format!("step_bucket, one bucket of 10 elements on 3 ranks (tolerance 0): the first moments are not AdamW's with sum / N: {twice}"),
+        ),
+        ("training::zero_takes_the_steps_of_plain_ddp_and_of_one_process_on_2_3_and_4_ranks", &format!("Likely: {quoted}")),
+    ]);
+    assert_eq!(
+        ranked_names(&ch11, &run)[0],
+        "step_bucket::step_bucket_averages_as_ddp_and_updates_the_bucket_in_place"
+    );
+    let lines = verdict::describe(&ch11, &run, 1);
+    assert!(lines.iter().any(|l| l.contains(twice)), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("start with `step_bucket`")), "{lines:#?}");
+}
+
+#[test]
+fn a_division_in_launch_bucket_is_filed_under_launch_bucket() {
+    // launch_bucket dividing after all_reduce_async, finish_bucket not
+    // dividing: the waiting test used to blame finish_bucket ("your
+    // finish_bucket divided before work.wait() (or a launch_bucket ...)");
+    // it now reads the bucket as launch_bucket left it, and names it.
+    let ch06 = chapter("06");
+    let launch = "your launch_bucket divided the bucket after all_reduce_async had started";
+    quoted_from("tests/chapter_06/waiting.rs", launch);
+    let run = tally(&[
+        ("steps::launch_bucket_returns_before_the_all_reduce_has_finished", "rank 0: `w`'s gradient is the mean of 1 and 2"),
+        (
+            "training::the_overlapped_step_equals_chapter_5_and_one_process_and_the_replicas_each_other_bitwise",
+            "2 ranks, Sgd, after step 1: your overlapped sync differs from chapter 5's bucketed sync",
+        ),
+        (
+            "waiting::the_bucket_is_read_and_divided_only_where_the_all_reduce_cannot_overwrite_it",
+            &format!(
+                "rank 0's gradient is 3, the mean is 1.5. It is the sum, undivided: {launch} (it held 0.5 when \
+                 launch_bucket returned, not this rank's 1)"
+            ),
+        ),
+    ]);
+    assert_eq!(
+        ranked_names(&ch06, &run)[0],
+        "waiting::the_bucket_is_read_and_divided_only_where_the_all_reduce_cannot_overwrite_it"
+    );
+    let lines = verdict::describe(&ch06, &run, 1);
+    assert!(lines.iter().any(|l| l.contains("start with `launch_bucket`")), "{lines:#?}");
+}
