@@ -89,14 +89,15 @@ impl SpawnOptions {
         }
     }
 
-    /// The simulated link set with [`link`](Self::link), if any.
-    pub(super) fn link_setting(&self) -> Option<SimulatedLink> {
-        self.link
-    }
-
-    /// The all_reduce algorithm set with [`all_reduce_scheme`](Self::all_reduce_scheme).
-    pub(super) fn scheme_setting(&self) -> AllReduceScheme {
-        self.all_reduce_scheme
+    /// The meeting place of a group with these options: at least one rank,
+    /// a valid timeout, the link and the all_reduce scheme. `spawn_with`
+    /// and [`StandingGroup`](super::StandingGroup) both start from it.
+    pub(super) fn world(&self) -> Result<Arc<World>, SpawnError> {
+        if self.world_size == 0 {
+            return Err(SpawnError::NoRanks(self.world_size));
+        }
+        let timeout = self.resolved_timeout()?;
+        Ok(Arc::new(World::new(self.world_size, timeout, self.link, self.all_reduce_scheme)))
     }
 
     /// For tests of `spawn` itself: pretend that the operating system
@@ -202,11 +203,7 @@ where
     F: Fn(Group) -> anyhow::Result<T> + Sync,
 {
     let size = options.world_size;
-    if size == 0 {
-        return Err(SpawnError::NoRanks(size));
-    }
-    let timeout = options.resolved_timeout()?;
-    let world = Arc::new(World::new(size, timeout, options.link, options.all_reduce_scheme));
+    let world = options.world()?;
     let failures = Mutex::new(Vec::new());
     let (results, refused) = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(size);

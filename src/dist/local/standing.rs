@@ -27,14 +27,10 @@ impl StandingGroup {
     /// A group of `options.world_size` ranks, with the options' timeout,
     /// link and all-reduce scheme (checked as [`spawn_with`](super::spawn_with) checks them).
     pub fn new(options: &SpawnOptions) -> Result<Self, SpawnError> {
-        let size = options.world_size;
-        if size == 0 {
-            return Err(SpawnError::NoRanks(size));
-        }
-        let timeout = options.resolved_timeout()?;
-        let world = Arc::new(World::new(size, timeout, options.link_setting(), options.scheme_setting()));
-        let ranks =
-            (0..size).map(|rank| Arc::new(LocalProcessGroup::new(rank, world.clone())) as Group).collect();
+        let world = options.world()?;
+        let ranks = (0..options.world_size)
+            .map(|rank| Arc::new(LocalProcessGroup::new(rank, world.clone())) as Group)
+            .collect();
         Ok(StandingGroup { world, ranks })
     }
 
