@@ -12,6 +12,7 @@
 //! | `Reducer` (`reducer.cpp`): buckets, autograd hooks, the end-of-backward check, comm hooks | `reducer/`: [`Reducer`], [`GradientBuckets`], [`plan_buckets`], [`mark_ready`], [`bf16_compress_hook`], [`bf16_compress_hook_pytorch_order`] | 5, 6, 12 |
 //! | `DistributedSampler` | `sampler.rs`: [`DistributedSampler`], [`epoch_shard`] | 7 |
 //! | `ZeroRedundancyOptimizer` | `zero/`: [`ShardedAdamW`], [`shard_of`], [`step_bucket`]; `adamw_update.rs`: AdamW's arithmetic, [`AdamWUpdate`] | 11 |
+//! | (none: PyTorch reads its caching allocator) | `memory.rs`: [`MemoryLedger`], the bytes of parameters, gradients and optimizer state a strategy holds | 11, 13, 14 |
 //! | (none: the workbook's doors for the chapters) | `seams.rs`: [`seams`], never used by the library | 2-6, 11 |
 //!
 //! ```no_run
@@ -32,6 +33,7 @@
 //! ```
 
 mod adamw_update;
+mod memory;
 pub mod naive;
 mod reducer;
 mod replica_check;
@@ -43,6 +45,7 @@ mod zero;
 
 pub use crate::models::Named;
 pub use adamw_update::{param_steps, AdamWUpdate};
+pub use memory::{tensor_bytes, HeldBytes, Holding, MemoryEvent, MemoryLedger};
 pub use reducer::{
     agree_on_order, bf16_compress_hook, bf16_compress_hook_pytorch_order, check_plan, layout_fingerprint,
     mark_ready, plan_buckets, replanned, sync_bucket, Bucket, BucketCaps, BucketProgress, BucketingError,
