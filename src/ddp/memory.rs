@@ -67,9 +67,10 @@ pub struct MemoryEvent {
 #[derive(Default)]
 struct Ledger {
     alive: HeldBytes,
-    peak: HeldBytes,
+    /// Each kind's own peak.
+    peak_by_kind: HeldBytes,
     /// Peak of the total, with what was alive at that moment.
-    peak_total: HeldBytes,
+    peak: HeldBytes,
     events: Vec<MemoryEvent>,
 }
 
@@ -109,10 +110,10 @@ impl MemoryLedger {
         );
         *slot = now as usize;
         let alive = ledger.alive;
-        let peak = ledger.peak.of(what);
+        let peak = ledger.peak_by_kind.of(what);
         *peak = (*peak).max(now as usize);
-        if alive.total() > ledger.peak_total.total() {
-            ledger.peak_total = alive;
+        if alive.total() > ledger.peak.total() {
+            ledger.peak = alive;
         }
         ledger.events.push(MemoryEvent { what, delta, alive, label: label.to_string() });
     }
@@ -125,12 +126,12 @@ impl MemoryLedger {
     /// What was alive at the moment the total peaked (so its three parts
     /// add up to the peak total, unlike the per-kind peaks).
     pub fn peak(&self) -> HeldBytes {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).peak_total
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).peak
     }
 
     /// Each kind's own peak, reached perhaps at different moments.
     pub fn peak_by_kind(&self) -> HeldBytes {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).peak
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).peak_by_kind
     }
 
     /// Every allocation and free so far, in order.
@@ -143,8 +144,8 @@ impl MemoryLedger {
     /// measure).
     pub fn reset_peak(&self) {
         let mut ledger = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        ledger.peak_by_kind = ledger.alive;
         ledger.peak = ledger.alive;
-        ledger.peak_total = ledger.alive;
         ledger.events.clear();
     }
 }
