@@ -7,6 +7,8 @@
 mod common;
 #[path = "ddp/construction.rs"]
 mod construction;
+#[path = "ddp/plan.rs"]
+mod plan;
 
 use common::{mse, spawn_options};
 use ddp_workbook::data::Regression;

@@ -13,6 +13,7 @@
 //! | `DistributedSampler` | `sampler.rs`: [`DistributedSampler`], [`epoch_shard`] | 7 |
 //! | `ZeroRedundancyOptimizer` | `zero/`: [`ShardedAdamW`], [`shard_of`], [`step_bucket`]; `adamw_update.rs`: AdamW's arithmetic, [`AdamWUpdate`] | 11 |
 //! | (none: PyTorch reads its caching allocator) | `memory.rs`: [`MemoryLedger`], the bytes of parameters, gradients and optimizer state a strategy holds | 11, 13, 14 |
+//! | (none: the decision guide, as arithmetic) | `plan.rs`: [`plan_memory`], the bytes of model states per device under DDP, ZeRO-1, ZeRO-2 and FSDP, and which fits | 99 |
 //! | (none: the workbook's doors for the chapters) | `seams.rs`: [`seams`], never used by the library | 2-6, 11 |
 //!
 //! ```no_run
@@ -35,6 +36,7 @@
 mod adamw_update;
 mod memory;
 pub mod naive;
+mod plan;
 mod reducer;
 mod replica_check;
 mod replicated;
@@ -46,6 +48,9 @@ mod zero;
 pub use crate::models::Named;
 pub use adamw_update::{param_steps, AdamWUpdate};
 pub use memory::{tensor_bytes, HeldBytes, Holding, MemoryEvent, MemoryLedger};
+pub use plan::{
+    plan_memory, BytesPerParameter, MemoryPlan, PlanError, PlanRow, Precision, ShardingStage, Verdict, GIB,
+};
 pub use reducer::{
     agree_on_order, bf16_compress_hook, bf16_compress_hook_pytorch_order, check_plan, layout_fingerprint,
     mark_ready, plan_buckets, replanned, sync_bucket, Bucket, BucketCaps, BucketProgress, BucketingError,
