@@ -205,3 +205,45 @@ fn dropping_the_guard_while_backward_runs_on_another_thread_waits_for_the_runnin
     );
     assert_eq!(calls.load(Ordering::SeqCst), calls_when_dropped, "a hook ran after the guard was dropped");
 }
+
+#[test]
+fn a_storage_resized_to_0_is_freed_and_autograd_reads_it_refilled() {
+    // FSDP frees a parameter after forward while the graph holds it, and
+    // fills the same storage again before backward.
+    use ddp_workbook::autograd::{resize_storage, storage_bytes};
+    let w = Tensor::from_slice(&[1.0f64, 2.0, 3.0]).set_requires_grad(true);
+    let x = Tensor::from_slice(&[0.5f64, 0.25, 0.125]).set_requires_grad(true);
+    let y = (&x * &w).sum(None); // saves w for x's gradient
+    resize_storage(&w, 0).unwrap();
+    assert_eq!(storage_bytes(&w), 0, "resizing to 0 must free the storage");
+    resize_storage(&w, 3 * 8).unwrap();
+    assert_eq!(storage_bytes(&w), 24);
+    let values = Tensor::from_slice(&[4.0f64, 5.0, 6.0]);
+    ddp_workbook::tch::no_grad(|| w.data().copy_(&values)); // `data()`: no version bump
+    y.backward();
+    assert!(x.grad().equal(&values), "backward must read the refilled storage: {:?}", x.grad());
+}
+
+#[test]
+fn a_tensor_hook_runs_before_the_gradient_reaches_the_parameters() {
+    use ddp_workbook::autograd::register_grad_hook;
+    let w = Tensor::from_slice(&[1.0f64, 2.0]).set_requires_grad(true);
+    let order = Arc::new(Mutex::new(vec![]));
+    let h = &w * 3.0;
+    let seen = order.clone();
+    register_grad_hook(&h, move || seen.lock().unwrap().push("h")).unwrap();
+    let seen = order.clone();
+    let _hooks =
+        GradReadyHooks::register(&[w.shallow_clone()], move |_| seen.lock().unwrap().push("w")).unwrap();
+    h.sum(None).backward();
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["h", "w"],
+        "the hook on h must run before w's gradient is accumulated"
+    );
+    let refused = register_grad_hook(&Tensor::from_slice(&[1.0f64]), || {});
+    assert!(
+        matches!(refused, Err(AutogradError::Invalid(_))),
+        "a tensor without grad has no gradient to hook"
+    );
+}

@@ -6,7 +6,16 @@
 //!   `register_post_accumulate_grad_hook`). DDP uses it to start a bucket's
 //!   all-reduce while backward still computes the earlier layers.
 //! - [`set_grad`]: makes a tensor a parameter's `.grad` without copying
-//!   (`param.grad = view`), so that backward accumulates into it.
+//!   (`param.grad = view`), so that backward accumulates into it;
+//!   [`clear_grad`] sets `param.grad = None`.
+//! - [`register_grad_hook`]: a callback that runs when the gradient of any
+//!   tensor (an activation, say) has been computed, before autograd passes
+//!   it on (PyTorch's `Tensor.register_hook`). FSDP gathers a unit's
+//!   parameters there, just before the unit's backward.
+//! - [`resize_storage`], [`storage_bytes`]: free a tensor's memory in place
+//!   and allocate it again (FSDP2's `untyped_storage().resize_(0)`), so a
+//!   parameter that autograd saved for backward can be dropped after the
+//!   forward and filled again before the backward. CPU only.
 //!
 //!
 //! ```
@@ -43,6 +52,16 @@ extern "C" {
         error_len: usize,
     ) -> i32;
     fn ddp_set_grad(param: *mut c_void, grad: *mut c_void, error: *mut c_char, error_len: usize) -> i32;
+    fn ddp_register_grad_hook(
+        tensor: *mut c_void,
+        callback: extern "C" fn(*mut c_void),
+        context: *mut c_void,
+        release: extern "C" fn(*mut c_void),
+        error: *mut c_char,
+        error_len: usize,
+    ) -> i32;
+    fn ddp_resize_storage(tensor: *mut c_void, nbytes: i64, error: *mut c_char, error_len: usize) -> i32;
+    fn ddp_storage_nbytes(tensor: *mut c_void) -> i64;
 }
 
 /// Why a hook or a gradient could not be set.
@@ -195,4 +214,80 @@ pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<(), AutogradError> {
     let (param, grad) = (param.as_ptr() as *mut c_void, grad.as_ptr() as *mut c_void);
     // SAFETY: both are live at::Tensor handles; the shim catches exceptions.
     call_shim(|| "setting a gradient".into(), |error, len| unsafe { ddp_set_grad(param, grad, error, len) })
+}
+
+/// Sets `param.grad = None`: the gradient's memory goes with its last
+/// reference, and the next backward allocates a fresh one.
+pub fn clear_grad(param: &Tensor) -> Result<(), AutogradError> {
+    let undefined = Tensor::new();
+    let (param, grad) = (param.as_ptr() as *mut c_void, undefined.as_ptr() as *mut c_void);
+    // SAFETY: both are live at::Tensor handles (one undefined); the shim catches exceptions.
+    call_shim(|| "clearing a gradient".into(), |error, len| unsafe { ddp_set_grad(param, grad, error, len) })
+}
+
+type GradHook = Box<dyn Fn() + Send + Sync>;
+
+extern "C" fn run_grad_hook(context: *mut c_void) {
+    // SAFETY: `context` is the `Box<GradHook>` leaked in `register_grad_hook`,
+    // alive until `release_grad_hook` runs, after the last call.
+    let hook = unsafe { &*(context as *const GradHook) };
+    // A panic must not unwind into C++; the hook reports its own errors.
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(hook)) {
+        eprintln!("a gradient hook panicked: {}", crate::error_text::panic_message(panic.as_ref()));
+    }
+}
+
+extern "C" fn release_grad_hook(context: *mut c_void) {
+    // SAFETY: from `Box::into_raw` in `register_grad_hook`; libtorch calls
+    // this once, when the hook goes with the graph.
+    drop(unsafe { Box::from_raw(context as *mut GradHook) });
+}
+
+/// Runs `callback` each time a backward pass has computed the gradient of
+/// `tensor` (which must require grad), before that gradient flows on into
+/// the operations that made `tensor` (PyTorch's `tensor.register_hook`).
+/// The hook lives as long as the autograd graph that holds `tensor`. The
+/// callback runs on the backward thread and must not panic: report errors
+/// some other way (a panic is printed and otherwise ignored).
+pub fn register_grad_hook(
+    tensor: &Tensor,
+    callback: impl Fn() + Send + Sync + 'static,
+) -> Result<(), AutogradError> {
+    if !tensor.requires_grad() {
+        return Err(AutogradError::Invalid(
+            "the tensor does not require grad: no backward pass computes its gradient".into(),
+        ));
+    }
+    let boxed: Box<GradHook> = Box::new(Box::new(callback));
+    let context = Box::into_raw(boxed) as *mut c_void;
+    let tensor = tensor.as_ptr() as *mut c_void;
+    // SAFETY: a live at::Tensor; on failure the shim's shared_ptr has
+    // already released `context`, or never took it (then it leaks a closure).
+    call_shim(
+        || "registering a gradient hook on a tensor".into(),
+        |error, len| unsafe {
+            ddp_register_grad_hook(tensor, run_grad_hook, context, release_grad_hook, error, len)
+        },
+    )
+}
+
+/// Resizes the storage under `tensor` to `nbytes` in place (CPU tensors):
+/// 0 frees its memory, and every tensor sharing the storage, autograd's
+/// saved ones included, sees the change; the full size allocates fresh,
+/// uninitialised memory for the same storage, to be filled again. The
+/// tensor keeps its sizes: do not read it while its storage is empty.
+pub fn resize_storage(tensor: &Tensor, nbytes: usize) -> Result<(), AutogradError> {
+    let t = tensor.as_ptr() as *mut c_void;
+    // SAFETY: a live at::Tensor; the shim catches exceptions.
+    call_shim(
+        || format!("resizing a storage to {nbytes} bytes"),
+        |error, len| unsafe { ddp_resize_storage(t, nbytes as i64, error, len) },
+    )
+}
+
+/// The bytes the storage under `tensor` holds now (0 after
+/// [`resize_storage`] to 0, or for an undefined tensor).
+pub fn storage_bytes(tensor: &Tensor) -> usize {
+    // SAFETY: a live at::Tensor handle; the shim only reads it.
+    unsafe { ddp_storage_nbytes(tensor.as_ptr() as *mut c_void) as usize }
 }

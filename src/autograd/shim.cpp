@@ -3,7 +3,13 @@
 //   1. a hook that runs when a parameter's gradient has been accumulated in
 //      a backward pass (PyTorch's Tensor.register_post_accumulate_grad_hook),
 //      which overlapping DDP uses to start a bucket's all-reduce early;
-//   2. installing a tensor as a parameter's .grad (`param.grad = view`).
+//   2. installing a tensor as a parameter's .grad (`param.grad = view`);
+//   3. a hook on the gradient of any tensor (Tensor.register_hook), which
+//      FSDP uses to gather a unit's parameters before its backward;
+//   4. resizing a tensor's storage in place (FSDP2's
+//      `untyped_storage().resize_(0)`), which frees a full parameter's memory
+//      while autograd still holds references to it, and later re-allocates
+//      the same storage to be filled again.
 // Compiled by build.rs with the cc crate; tested by `cargo test --test autograd`.
 //
 // Rules: every entry point catches every C++ exception and returns non-zero
@@ -20,12 +26,15 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 extern "C" {
 // Called with the context and index given at registration.
 typedef void (*ddp_grad_ready_fn)(void *context, int64_t index);
+// Called with the context given to ddp_register_grad_hook; the second frees it.
+typedef void (*ddp_hook_fn)(void *context);
 }
 
 namespace {
@@ -128,6 +137,53 @@ int ddp_set_grad(void *param, void *grad, char *error, size_t error_len) {
   } catch (...) {
     return fail("an unknown C++ exception", error, error_len);
   }
+}
+
+// Registers `callback(context)` to run when the gradient of `tensor` (an
+// at::Tensor* that requires grad) has been computed in a backward pass,
+// before autograd passes it on to the operations that made `tensor`. The
+// hook lives as long as the graph does; when it goes, `release(context)`
+// runs once (Rust frees its closure there).
+int ddp_register_grad_hook(void *tensor, ddp_hook_fn callback, void *context, ddp_hook_fn release,
+                           char *error, size_t error_len) {
+  try {
+    std::shared_ptr<void> owned(context, release);
+    auto &t = *static_cast<at::Tensor *>(tensor);
+    t.register_hook([callback, owned](const at::Tensor & /*grad*/) { callback(owned.get()); });
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e.what(), error, error_len);
+  } catch (...) {
+    return fail("an unknown C++ exception", error, error_len);
+  }
+}
+
+// Resizes the storage of `tensor` (an at::Tensor* on the CPU) to `nbytes`
+// in place: 0 frees its memory, while every tensor that shares the storage
+// (autograd's saved references included) keeps pointing at it; a later
+// resize to the full size allocates fresh memory for the same storage. The
+// tensor's sizes do not change. CUDA would need at::native::resize_bytes_cuda
+// (ATen/native/cuda/Resize.h, through the caching allocator), which this
+// CPU-only shim does not link.
+int ddp_resize_storage(void *tensor, int64_t nbytes, char *error, size_t error_len) {
+  try {
+    auto &t = *static_cast<at::Tensor *>(tensor);
+    if (!t.device().is_cpu()) {
+      throw std::runtime_error("resizing a storage in place is implemented for CPU tensors only");
+    }
+    at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(nbytes));
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e.what(), error, error_len);
+  } catch (...) {
+    return fail("an unknown C++ exception", error, error_len);
+  }
+}
+
+// The bytes the storage of `tensor` holds now (0 once resized away).
+int64_t ddp_storage_nbytes(void *tensor) {
+  auto &t = *static_cast<at::Tensor *>(tensor);
+  return t.defined() && t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
 
 }  // extern "C"
