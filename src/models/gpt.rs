@@ -17,6 +17,7 @@
 use tch::nn::{self, Module, VarStore};
 use tch::{Device, Kind, Tensor};
 
+use crate::models::{LayerHooks, NoLayerHooks};
 use crate::seed::with_seed;
 
 /// The sizes of a [`Gpt`]. Start from [`GptConfig::tiny`] and override the
@@ -239,6 +240,14 @@ impl Module for Gpt {
     /// Token ids `[batch, seq]` (i64, `seq <= block_size`) to next-token
     /// logits `[batch, seq, vocab_size]`.
     fn forward(&self, tokens: &Tensor) -> Tensor {
+        self.forward_with_hooks(tokens, &NoLayerHooks)
+    }
+}
+
+impl Gpt {
+    /// [`Module::forward`], with `hooks` run around each block (block `i` is
+    /// layer `i`): how FSDP gathers and frees each block's parameters.
+    pub fn forward_with_hooks(&self, tokens: &Tensor, hooks: &dyn LayerHooks) -> Tensor {
         let seq = match tokens.size()[..] {
             [_batch, seq] => seq,
             ref other => panic!("Gpt::forward wants token ids [batch, seq], got shape {other:?}"),
@@ -262,8 +271,10 @@ impl Module for Gpt {
         }
         let positions = Tensor::arange(seq, (Kind::Int64, tokens.device())); // [seq]
         let mut x = self.tok_emb.forward(tokens) + self.pos_emb.forward(&positions); // [batch, seq, n_embd]
-        for block in &self.blocks {
+        for (i, block) in self.blocks.iter().enumerate() {
+            hooks.pre_forward(i);
             x = block.forward(&x); // [batch, seq, n_embd]
+            hooks.post_forward(i, &x);
         }
         self.lm_head.forward(&self.ln_f.forward(&x)) // [batch, seq, vocab_size]
     }

@@ -5,6 +5,7 @@
 use tch::nn::{self, Module, VarStore};
 use tch::{Device, Kind, Tensor};
 
+use crate::models::{LayerHooks, NoLayerHooks};
 use crate::seed::with_seed;
 
 /// Linear layers with tanh between them. `sizes = [4, 16, 16, 1]` gives
@@ -44,14 +45,29 @@ impl Mlp {
 
 impl Module for Mlp {
     fn forward(&self, xs: &Tensor) -> Tensor {
+        self.forward_with_hooks(xs, &NoLayerHooks)
+    }
+}
+
+impl Mlp {
+    /// [`Module::forward`], with `hooks` run around each linear layer `i`
+    /// (its tanh included): FSDP's per-layer units.
+    pub fn forward_with_hooks(&self, xs: &Tensor, hooks: &dyn LayerHooks) -> Tensor {
         // xs: [batch, sizes[0]] -> [batch, sizes.last()]
         let mut h = xs - &self.input_shift;
         for (i, layer) in self.layers.iter().enumerate() {
+            hooks.pre_forward(i);
             h = layer.forward(&h);
             if i + 1 < self.layers.len() {
                 h = h.tanh();
             }
+            hooks.post_forward(i, &h);
         }
         h
+    }
+
+    /// How many linear layers (units for per-layer FSDP).
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
     }
 }
