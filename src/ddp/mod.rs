@@ -12,6 +12,7 @@
 //! | `Reducer` (`reducer.cpp`): buckets, autograd hooks, the end-of-backward check, comm hooks | `reducer/`: [`Reducer`], [`GradientBuckets`], [`plan_buckets`], [`mark_ready`], [`bf16_compress_hook`], [`bf16_compress_hook_pytorch_order`] | 5, 6, 12 |
 //! | `DistributedSampler` | `sampler.rs`: [`DistributedSampler`], [`epoch_shard`] | 7 |
 //! | `ZeroRedundancyOptimizer` | `zero/`: [`ShardedAdamW`], [`shard_of`], [`step_bucket`]; `adamw_update.rs`: AdamW's arithmetic, [`AdamWUpdate`] | 11 |
+//! | FSDP2's `fully_shard` (ZeRO-3, `FULL_SHARD`; `reshard_after_forward=False` is `SHARD_GRAD_OP`) | `fsdp/`: [`FullyShard`], [`FsdpSchedule`], [`shard_rows`], [`FsdpSgd`], [`FsdpAdamW`] | 14 |
 //! | (none: PyTorch reads its caching allocator) | `memory.rs`: [`MemoryLedger`], the bytes of parameters, gradients and optimizer state a strategy holds | 11, 13, 14 |
 //! | (none: the decision guide, as arithmetic) | `plan.rs`: [`plan_memory`], the bytes of model states per device under DDP, ZeRO-1, ZeRO-2 and FSDP, and which fits | 99 |
 //! | (none: the workbook's doors for the chapters) | `seams.rs`: [`seams`], never used by the library | 2-6, 11 |
@@ -34,6 +35,7 @@
 //! ```
 
 mod adamw_update;
+mod fsdp;
 mod memory;
 pub mod naive;
 mod plan;
@@ -47,6 +49,12 @@ mod zero;
 
 pub use crate::models::Named;
 pub use adamw_update::{param_steps, AdamWUpdate};
+/// FSDP's schedule functions one by one (`pre_forward`, `post_backward`, ...).
+pub use fsdp::schedule as fsdp_schedule;
+pub use fsdp::{
+    divide_factors, shard_rows, Action, FsdpAdamW, FsdpEvent, FsdpOptions, FsdpSchedule, FsdpSgd, FullyShard,
+    ShardedParameter, UnitAt,
+};
 pub use memory::{tensor_bytes, HeldBytes, Holding, MemoryEvent, MemoryLedger};
 pub use plan::{
     plan_memory, BytesPerParameter, MemoryPlan, PlanError, PlanRow, Precision, ShardingStage, Verdict, GIB,

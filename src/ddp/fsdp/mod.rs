@@ -1,0 +1,807 @@
+//! FSDP in the finished library: [`FullyShard`], ZeRO stage 3, PyTorch's
+//! FSDP2 `fully_shard` with `FULL_SHARD`. Each rank stores only its shard
+//! (dim-0 rows) of every parameter, its shard of every averaged gradient,
+//! and the optimizer state of its shard. The model is cut into units, as
+//! `fully_shard` is applied: each transformer block of a [`Gpt`] is a unit,
+//! the rest (embeddings, `ln_f`, `lm_head`) is the root. Around each unit:
+//!
+//! - before its forward, one all-gather of its padded shards fills its full
+//!   parameters (`FSDPParamGroup.pre_forward`, `foreach_all_gather`), while
+//!   the next unit's all-gather already travels (prefetch);
+//! - after its forward, the full parameters are freed
+//!   (`reshard_after_forward=True`: storage resized to 0 bytes, though
+//!   autograd still holds them) or kept (`False`, i.e. `SHARD_GRAD_OP`);
+//! - before its backward (a hook on the gradient of its output), they are
+//!   gathered again, and the previous unit's all-gather is prefetched;
+//! - after its backward (every gradient of it accumulated: grad-ready
+//!   hooks, as the Reducer counts them), its gradients are reduce-scattered
+//!   (`foreach_reduce`, float64's pre- and post-division), the full ones
+//!   and the full parameters freed.
+//!
+//! | file | what |
+//! | --- | --- |
+//! | this one | [`FullyShard`]: units, hooks, the communication thread, [`FsdpSgd`], [`FsdpAdamW`] |
+//! | `schedule.rs` | [`FsdpSchedule`]: the rows each rank keeps, and what to gather, prefetch, free and reduce-scatter when: the seam chapter 14 swaps |
+//! | `unit.rs` | one unit's plumbing: shards, the full storage, copies in and out of the collectives |
+//!
+//! The collectives run on one communication thread per [`FullyShard`], in
+//! the order the schedule issues them, which is the same on every rank; a
+//! unit's all-gather can so run while the caller computes another unit.
+//! The in-process and MPI backends take calls from any thread; this FSDP
+//! is CPU-only (the storage resize of `autograd::resize_storage`).
+//!
+//! Training a GPT:
+//!
+//! ```no_run
+//! use ddp_workbook::ddp::{FsdpAdamW, FsdpOptions, FullyShard};
+//! use ddp_workbook::dist::spawn;
+//! use ddp_workbook::models::{Gpt, GptConfig};
+//! use ddp_workbook::tch::{Kind, Tensor};
+//!
+//! spawn(2, |pg| {
+//!     let (vs, gpt) = Gpt::seeded(0, &GptConfig::tiny(), Kind::Double); // the same seed on every rank
+//!     let fsdp = FullyShard::gpt(&gpt, &vs, pg, FsdpOptions::default())?; // each rank keeps its shards
+//!     let mut adamw = FsdpAdamW::new(&fsdp, 1e-3, 0.01);
+//!     let tokens = Tensor::zeros([2, 8], (Kind::Int64, vs.device()));
+//!     for _ in 0..3 {
+//!         let logits = fsdp.forward_with(|hooks| gpt.forward_with_hooks(&tokens, hooks))?;
+//!         let loss = logits.view([-1, 16]).cross_entropy_for_logits(&tokens.view([-1]));
+//!         fsdp.backward(&loss)?; // gradient shards, averaged over the ranks
+//!         adamw.step(&fsdp)?;
+//!         fsdp.zero_grad();
+//!     }
+//!     let _full = fsdp.full_parameters()?; // a collective: every rank gets every parameter
+//!     Ok(())
+//! })
+//! .unwrap();
+//! ```
+
+pub mod schedule;
+mod unit;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+
+use tch::nn::VarStore;
+use tch::Tensor;
+
+pub use schedule::{divide_factors, shard_rows, Action, FsdpSchedule, UnitAt};
+use unit::Unit;
+
+use crate::autograd::{register_grad_hook, GradReadyHooks};
+use crate::ddp::adamw_update::AdamWUpdate;
+use crate::ddp::memory::{Holding, MemoryLedger};
+use crate::dist::{tagged, DistError, Group, ReduceOp};
+use crate::models::{named_parameters, Gpt, LayerHooks, Mlp, Named};
+
+/// How to shard (the arguments of `fully_shard`).
+#[derive(Clone)]
+pub struct FsdpOptions {
+    /// Free each unit's full parameters after its forward (`FULL_SHARD`),
+    /// or keep them until after its backward (`SHARD_GRAD_OP`).
+    pub reshard_after_forward: bool,
+    /// Where the gathers, frees, gradient shards and moments are counted.
+    pub ledger: MemoryLedger,
+    /// Whose decisions run: the library's, or chapter 14's.
+    pub schedule: FsdpSchedule,
+}
+
+impl Default for FsdpOptions {
+    fn default() -> Self {
+        FsdpOptions {
+            reshard_after_forward: true,
+            ledger: MemoryLedger::default(),
+            schedule: FsdpSchedule::default(),
+        }
+    }
+}
+
+/// What happened, in order, as the caller's thread, the backward thread
+/// and the communication thread saw it. Tests read it to prove prefetch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FsdpEvent {
+    PreForward(usize),
+    PostForward(usize),
+    PreBackward(usize),
+    PostBackward(usize),
+    /// An all-gather handed to the communication thread.
+    GatherIssued(usize),
+    /// The communication thread finished it.
+    GatherDone(usize),
+    /// Its result copied into the full parameters.
+    Gathered(usize),
+    Freed(usize),
+    ReduceScatterIssued(usize),
+    ReduceScatterDone(usize),
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One thread that runs this FSDP's collectives, one at a time, in the
+/// order they were handed to it (so in the same order on every rank).
+struct CommThread {
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CommThread {
+    fn start(rank: usize) -> CommThread {
+        let (jobs, inbox) = channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name(format!("fsdp-comm-{rank}"))
+            .spawn(move || {
+                for job in inbox {
+                    job();
+                }
+            })
+            .expect("the OS starts a thread");
+        CommThread { jobs: Some(jobs), thread: Some(thread) }
+    }
+
+    fn submit<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Receiver<T> {
+        let (done, result) = channel();
+        let job: Job = Box::new(move || _ = done.send(work()));
+        self.jobs.as_ref().expect("running").send(job).expect("the communication thread runs until drop");
+        result
+    }
+}
+
+impl Drop for CommThread {
+    fn drop(&mut self) {
+        drop(self.jobs.take()); // ends its loop once the queue is empty
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What the caller, the forward hooks and the backward hooks share.
+struct Driver {
+    pg: Group,
+    units: Vec<Unit>,
+    /// Flat parameter index (as hooked) to (unit, index in unit).
+    place: Vec<(usize, usize)>,
+    gathers: HashMap<usize, Receiver<Result<Vec<Tensor>, DistError>>>,
+    reduce_scatters: VecDeque<(usize, Receiver<Result<Tensor, DistError>>)>,
+    /// Per unit: gradients accumulated in this backward, and whether its
+    /// post-backward ran.
+    ready: Vec<usize>,
+    backward_done: Vec<bool>,
+    reshard_after_forward: bool,
+    requires_gradient_sync: bool,
+    schedule: FsdpSchedule,
+    ledger: MemoryLedger,
+    events: Arc<Mutex<Vec<FsdpEvent>>>,
+    /// The first failure in a hook, reported by the next call of the caller.
+    error: Option<DistError>,
+    /// Per unit, the bytes of all-gather output alive for it.
+    gather_buffers: Vec<usize>,
+    comm: CommThread,
+}
+
+fn lock(driver: &Mutex<Driver>) -> MutexGuard<'_, Driver> {
+    driver.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Driver {
+    fn log(&self, event: FsdpEvent) {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+    }
+
+    fn at(&self, unit: usize) -> UnitAt {
+        UnitAt {
+            unit,
+            units: self.units.len(),
+            reshard_after_forward: self.reshard_after_forward,
+            requires_gradient_sync: self.requires_gradient_sync,
+        }
+    }
+
+    /// Runs `actions`; the first failure is kept (and the rest skipped).
+    fn run(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            if self.error.is_some() {
+                return;
+            }
+            if let Err(error) = self.act(action) {
+                self.error = Some(error);
+            }
+        }
+    }
+
+    fn act(&mut self, action: Action) -> Result<(), DistError> {
+        match action {
+            Action::Prefetch(u) => self.issue_gather(u),
+            Action::Gather(u) => self.gather(u),
+            Action::Free(u) => {
+                if u < self.units.len() && self.units[u].gathered {
+                    self.units[u].free(self.pg.as_ref(), &self.ledger)?;
+                    self.log(FsdpEvent::Freed(u));
+                }
+                Ok(())
+            }
+            Action::ReduceScatter(u) => self.reduce_scatter(u),
+        }
+    }
+
+    fn issue_gather(&mut self, u: usize) -> Result<(), DistError> {
+        if u >= self.units.len() || self.units[u].gathered || self.gathers.contains_key(&u) {
+            return Ok(());
+        }
+        let unit = &self.units[u];
+        let input = unit.all_gather_input(self.pg.as_ref())?;
+        let bytes = input.numel() * unit.kind.elt_size_in_bytes() * self.pg.world_size();
+        self.ledger.alloc(Holding::Parameters, bytes, &format!("all-gather output of {}", unit.name));
+        self.gather_buffers[u] += bytes;
+        let (pg, events, tag) =
+            (self.pg.clone(), self.events.clone(), format!("fsdp all-gather of {}", unit.name));
+        let empty = input.numel() == 0;
+        let result = self.comm.submit(move || {
+            let gathered = if empty { Ok(vec![]) } else { tagged(tag, || pg.all_gather(&input)) };
+            events.lock().unwrap_or_else(|p| p.into_inner()).push(FsdpEvent::GatherDone(u));
+            gathered
+        });
+        self.gathers.insert(u, result);
+        self.log(FsdpEvent::GatherIssued(u));
+        Ok(())
+    }
+
+    fn gather(&mut self, u: usize) -> Result<(), DistError> {
+        if u >= self.units.len() || self.units[u].gathered {
+            return Ok(());
+        }
+        self.issue_gather(u)?;
+        let pending = self.gathers.remove(&u).expect("issued above");
+        let waited = pending.recv().unwrap_or_else(|_| Err(self.stopped("all-gather")));
+        let result = waited.and_then(|gathered| {
+            let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
+            self.units[u].copy_out(pg.as_ref(), &gathered, &ledger)
+        });
+        self.ledger.free(
+            Holding::Parameters,
+            std::mem::take(&mut self.gather_buffers[u]),
+            "all-gather output copied out",
+        );
+        if let Err(error) = result {
+            // The unit's compute runs anyway (in a backward hook it cannot
+            // be stopped): give it memory to read, not values.
+            self.units[u].fill_after_failure();
+            return Err(error);
+        }
+        self.log(FsdpEvent::Gathered(u));
+        Ok(())
+    }
+
+    fn stopped(&self, what: &str) -> DistError {
+        DistError::Invalid {
+            rank: self.pg.rank(),
+            op: what.into(),
+            detail: "FSDP's communication thread stopped before it answered".into(),
+        }
+    }
+
+    fn reduce_scatter(&mut self, u: usize) -> Result<(), DistError> {
+        let (pre, _) = (self.schedule.divide_factors)(self.pg.world_size());
+        let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
+        let unit = &mut self.units[u];
+        let input = unit.reduce_scatter_input(pg.as_ref(), pre, &ledger)?;
+        let (events, tag) = (self.events.clone(), format!("fsdp reduce-scatter of {}", unit.name));
+        let result = self.comm.submit(move || {
+            let output = if input.numel() == 0 {
+                Ok(input)
+            } else {
+                tagged(tag, || pg.reduce_scatter(&input, ReduceOp::Sum))
+            };
+            events.lock().unwrap_or_else(|p| p.into_inner()).push(FsdpEvent::ReduceScatterDone(u));
+            output
+        });
+        self.reduce_scatters.push_back((u, result));
+        self.log(FsdpEvent::ReduceScatterIssued(u));
+        Ok(())
+    }
+
+    /// A parameter's gradient was accumulated (backward thread).
+    fn gradient_ready(&mut self, index: usize) {
+        let (u, j) = self.place[index];
+        let param = &mut self.units[u].params[j];
+        if !param.grad_counted {
+            param.grad_counted = true;
+            let label = format!("gradient of {}", param.name);
+            self.ledger.alloc(Holding::Gradients, param.full_bytes(), &label);
+        }
+        self.ready[u] += 1;
+        if self.ready[u] == self.units[u].params.len() && !self.backward_done[u] {
+            self.post_backward(u);
+        }
+    }
+
+    fn post_backward(&mut self, u: usize) {
+        self.backward_done[u] = true;
+        self.log(FsdpEvent::PostBackward(u));
+        let actions = (self.schedule.post_backward)(self.at(u));
+        self.run(actions);
+    }
+
+    /// After `loss.backward()` returned: the units whose backward did not
+    /// complete (a parameter got no gradient: zeros stand in), then every
+    /// reduce-scatter's result, then whatever is still gathered is freed.
+    fn finish_backward(&mut self) -> Result<(), DistError> {
+        for u in 0..self.units.len() {
+            if !self.backward_done[u] {
+                self.post_backward(u);
+            }
+        }
+        let (_, post) = (self.schedule.divide_factors)(self.pg.world_size());
+        while let Some((u, pending)) = self.reduce_scatters.pop_front() {
+            let output = pending.recv().unwrap_or_else(|_| Err(self.stopped("reduce-scatter")));
+            match output {
+                Ok(output) if self.error.is_none() => {
+                    let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
+                    if let Err(error) = self.units[u].take_reduced(pg.as_ref(), output, post, &ledger) {
+                        self.error = Some(error);
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => _ = self.error.get_or_insert(error),
+            }
+        }
+        self.drain_gathers();
+        for u in 0..self.units.len() {
+            self.run(vec![Action::Free(u)]);
+        }
+        self.ready.iter_mut().for_each(|r| *r = 0);
+        self.backward_done.iter_mut().for_each(|d| *d = false);
+        self.take_error()
+    }
+
+    /// Waits for prefetched all-gathers nobody used (their result goes).
+    fn drain_gathers(&mut self) {
+        let mut pending: Vec<usize> = self.gathers.keys().copied().collect();
+        pending.sort_unstable();
+        for u in pending {
+            if let Some(result) = self.gathers.remove(&u) {
+                if let Ok(Err(error)) = result.recv() {
+                    self.error.get_or_insert(error);
+                }
+                self.ledger.free(
+                    Holding::Parameters,
+                    std::mem::take(&mut self.gather_buffers[u]),
+                    "unused prefetch",
+                );
+            }
+        }
+    }
+
+    fn take_error(&mut self) -> Result<(), DistError> {
+        self.error.take().map_or(Ok(()), Err)
+    }
+}
+
+/// A model sharded with FSDP (ZeRO-3): PyTorch's `fully_shard` applied to
+/// each unit and the root. Build it with [`FullyShard::gpt`],
+/// [`FullyShard::mlp`] or, for any model, [`FullyShard::new`]; run each
+/// forward through [`forward_with`](Self::forward_with) and each backward
+/// through [`backward`](Self::backward); step with [`FsdpSgd`] or
+/// [`FsdpAdamW`].
+pub struct FullyShard {
+    driver: Arc<Mutex<Driver>>,
+    events: Arc<Mutex<Vec<FsdpEvent>>>,
+    ledger: MemoryLedger,
+    /// Whether the model's layers are units 1, 2, ... (else the layer
+    /// hooks do nothing: the root is the only unit).
+    layer_units: bool,
+    _hooks: GradReadyHooks,
+}
+
+impl FullyShard {
+    /// Shards `params` in units: `units[0]` is the root, `units[k]` lists
+    /// the indices into `params` of unit k, named by the first element.
+    /// Every parameter must be in exactly one unit, require grad, and be
+    /// the same on every rank (build every rank from one seed); every rank
+    /// calls it with the same lists. Each rank keeps its rows
+    /// ([`shard_rows`]) and frees the full parameters.
+    pub fn new(
+        params: &[Named],
+        units: Vec<(String, Vec<usize>)>,
+        pg: Group,
+        options: FsdpOptions,
+    ) -> Result<FullyShard, DistError> {
+        let invalid =
+            |detail: String| DistError::Invalid { rank: pg.rank(), op: "fully_shard".into(), detail };
+        let mut seen = vec![false; params.len()];
+        for (name, members) in &units {
+            for &i in members {
+                if i >= params.len() || std::mem::replace(&mut seen[i], true) {
+                    return Err(invalid(format!(
+                        "unit `{name}` lists parameter {i}, which is out of range or in another unit already"
+                    )));
+                }
+            }
+        }
+        if let Some(i) = seen.iter().position(|s| !s) {
+            return Err(invalid(format!(
+                "parameter `{}` is in no unit: put it in the root (units[0])",
+                params[i].0
+            )));
+        }
+        if let Some((name, _)) = params.iter().find(|(_, p)| !p.requires_grad()) {
+            return Err(invalid(format!(
+                "parameter `{name}` does not require grad: this FSDP shards trainable parameters only; keep a frozen one out of `params`"
+            )));
+        }
+        let ledger = options.ledger.clone();
+        let mut built = vec![];
+        let mut place = vec![(0, 0); params.len()];
+        let mut hooked = vec![];
+        for (u, (name, members)) in units.into_iter().enumerate() {
+            let mut own = vec![];
+            for (j, &i) in members.iter().enumerate() {
+                place[hooked.len()] = (u, j);
+                hooked.push(params[i].1.shallow_clone());
+                own.push((params[i].0.clone(), params[i].1.shallow_clone()));
+            }
+            built.push(Unit::new(pg.as_ref(), name, own, options.schedule.shard_rows, &ledger)?);
+        }
+        let count = built.len();
+        let events = Arc::new(Mutex::new(vec![]));
+        let driver = Arc::new(Mutex::new(Driver {
+            comm: CommThread::start(pg.rank()),
+            pg: pg.clone(),
+            units: built,
+            place,
+            gathers: HashMap::new(),
+            reduce_scatters: VecDeque::new(),
+            ready: vec![0; count],
+            backward_done: vec![false; count],
+            reshard_after_forward: options.reshard_after_forward,
+            requires_gradient_sync: true,
+            schedule: options.schedule,
+            ledger: ledger.clone(),
+            events: events.clone(),
+            error: None,
+            gather_buffers: vec![0; count],
+        }));
+        let weak: Weak<Mutex<Driver>> = Arc::downgrade(&driver);
+        let hooks = GradReadyHooks::register(&hooked, move |i| {
+            if let Some(driver) = weak.upgrade() {
+                lock(&driver).gradient_ready(i);
+            }
+        })
+        .map_err(|e| invalid(e.to_string()))?;
+        Ok(FullyShard { driver, events, ledger, layer_units: count > 1, _hooks: hooks })
+    }
+
+    /// `fully_shard` on each transformer block, then on the GPT: unit k is
+    /// block k-1 (`blocks.{k-1}.*`), the root holds the embeddings, `ln_f`
+    /// and `lm_head`.
+    pub fn gpt(gpt: &Gpt, vs: &VarStore, pg: Group, options: FsdpOptions) -> Result<FullyShard, DistError> {
+        let params = named_parameters(vs);
+        let blocks = gpt.config().n_layer as usize;
+        let mut units: Vec<(String, Vec<usize>)> = vec![("root".into(), vec![])];
+        units.extend((0..blocks).map(|b| (format!("blocks.{b}"), vec![])));
+        for (i, (name, _)) in params.iter().enumerate() {
+            let block = name
+                .strip_prefix("blocks.")
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|b| b.parse::<usize>().ok());
+            units[block.map_or(0, |b| b + 1)].1.push(i);
+        }
+        Self::new(&params, units, pg, options)
+    }
+
+    /// `fully_shard` on the MLP (the root only), or, with `per_layer`, on
+    /// each linear layer first (unit k is `layers.{k-1}.*`).
+    pub fn mlp(
+        mlp: &Mlp,
+        vs: &VarStore,
+        pg: Group,
+        options: FsdpOptions,
+        per_layer: bool,
+    ) -> Result<FullyShard, DistError> {
+        let params = named_parameters(vs);
+        let units = if per_layer {
+            let mut units: Vec<(String, Vec<usize>)> = vec![("root".into(), vec![])];
+            units.extend((0..mlp.num_layers()).map(|l| (format!("layers.{l}"), vec![])));
+            for (i, (name, _)) in params.iter().enumerate() {
+                let layer = name
+                    .strip_prefix("layers.")
+                    .and_then(|rest| rest.split('.').next())
+                    .and_then(|l| l.parse::<usize>().ok());
+                units[layer.map_or(0, |l| l + 1)].1.push(i);
+            }
+            units
+        } else {
+            vec![("root".into(), (0..params.len()).collect())]
+        };
+        Self::new(&params, units, pg, options)
+    }
+
+    fn driver(&self) -> MutexGuard<'_, Driver> {
+        lock(&self.driver)
+    }
+
+    /// Runs one forward pass: the root's pre-forward (gather), then `model`
+    /// with the unit hooks (pass them to the model's `forward_with_hooks`),
+    /// then the root's post-forward.
+    pub fn forward_with(&self, model: impl FnOnce(&dyn LayerHooks) -> Tensor) -> Result<Tensor, DistError> {
+        let hooks = UnitHooks { fsdp: self };
+        hooks.around(0, true);
+        self.driver().take_error()?;
+        let output = model(&hooks);
+        hooks.around(0, false);
+        self.driver().take_error()?;
+        Ok(output)
+    }
+
+    /// `loss.backward()`, then the end of FSDP's backward: the reduce-
+    /// scatters' results into the gradient shards, and every unit freed.
+    pub fn backward(&self, loss: &Tensor) -> Result<(), DistError> {
+        loss.f_backward().map_err(|cause| DistError::Torch {
+            rank: self.driver().pg.rank(),
+            op: "backward".into(),
+            cause,
+        })?;
+        self.driver().finish_backward()
+    }
+
+    /// `set_requires_gradient_sync`: false for the micro-batches of an
+    /// accumulation but the last (FSDP2's `no_sync`). Meanwhile each
+    /// unit's full gradients stay alive between micro-batches (that is what
+    /// FSDP must keep), the parameters are still freed after each backward,
+    /// and the last micro-batch's backward reduce-scatters the sum.
+    pub fn set_requires_gradient_sync(&self, sync: bool) {
+        self.driver().requires_gradient_sync = sync;
+    }
+
+    /// Frees the gradient shards (`optimizer.zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&self) {
+        let mut driver = self.driver();
+        let ledger = driver.ledger.clone();
+        for unit in &mut driver.units {
+            for p in &mut unit.params {
+                if let Some(g) = p.grad_shard.take() {
+                    ledger.free(Holding::Gradients, tensor_bytes_of(&g), &format!("zero_grad {}", p.name));
+                }
+            }
+        }
+    }
+
+    /// This rank's shards, in the order of the units: name, the rows this
+    /// rank owns (a view: stepping it in place steps the shard) and their
+    /// averaged gradient, if there is one.
+    pub fn sharded_parameters(&self) -> Vec<ShardedParameter> {
+        let driver = self.driver();
+        let mut out = vec![];
+        for unit in &driver.units {
+            for p in &unit.params {
+                out.push(ShardedParameter {
+                    name: p.name.clone(),
+                    rows: p.own,
+                    shard: p.shard(),
+                    grad: p.grad(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Every full parameter, gathered (a collective: every rank calls it),
+    /// as fresh tensors in the order of [`sharded_parameters`](Self::sharded_parameters).
+    /// For checks and checkpoints; the model's own tensors stay freed.
+    pub fn full_parameters(&self) -> Result<Vec<Named>, DistError> {
+        let driver = self.driver();
+        let pg = driver.pg.clone();
+        let mut out = vec![];
+        for unit in &driver.units {
+            let input = unit.all_gather_input(pg.as_ref())?;
+            let tag = format!("fsdp full parameters of {}", unit.name);
+            let gathered = if input.numel() == 0 {
+                vec![]
+            } else {
+                let (pg, input) = (pg.clone(), input);
+                driver
+                    .comm
+                    .submit(move || tagged(tag, || pg.all_gather(&input)))
+                    .recv()
+                    .unwrap_or_else(|_| Err(driver.stopped("all-gather")))?
+            };
+            let mut offset = 0;
+            for p in &unit.params {
+                let full = Tensor::zeros(p.full.size(), (p.full.kind(), p.full.device()));
+                p.copy_rows(&gathered, offset, &full.view([-1])).map_err(|cause| DistError::Torch {
+                    rank: pg.rank(),
+                    op: "assembling a full parameter".into(),
+                    cause,
+                })?;
+                offset += p.padded_numel();
+                out.push((p.name.clone(), full));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every event since the last call, in order (the call empties the list).
+    pub fn take_events(&self) -> Vec<FsdpEvent> {
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The ledger this FSDP reports to.
+    pub fn ledger(&self) -> &MemoryLedger {
+        &self.ledger
+    }
+
+    /// Each unit's name and its parameters' names, root first.
+    pub fn units(&self) -> Vec<(String, Vec<String>)> {
+        let driver = self.driver();
+        driver
+            .units
+            .iter()
+            .map(|u| (u.name.clone(), u.params.iter().map(|p| p.name.clone()).collect()))
+            .collect()
+    }
+}
+
+fn tensor_bytes_of(t: &Tensor) -> usize {
+    crate::ddp::memory::tensor_bytes(t)
+}
+
+/// One parameter as this rank holds it.
+pub struct ShardedParameter {
+    pub name: String,
+    /// `(first row, rows)` of the full parameter that this rank keeps.
+    pub rows: (i64, i64),
+    /// Those rows, flat (a view into the stored shard).
+    pub shard: Tensor,
+    /// Their averaged gradient, flat, after a synced backward.
+    pub grad: Option<Tensor>,
+}
+
+/// The forward hooks: layer `i` is unit `i + 1`.
+struct UnitHooks<'a> {
+    fsdp: &'a FullyShard,
+}
+
+impl UnitHooks<'_> {
+    fn around(&self, unit: usize, before: bool) {
+        let mut driver = self.fsdp.driver();
+        if before {
+            driver.log(FsdpEvent::PreForward(unit));
+            let actions = (driver.schedule.pre_forward)(driver.at(unit));
+            driver.run(actions);
+            if driver.error.is_some() {
+                // The model would read empty storage: stop this rank here.
+                let error = driver.error.take().expect("checked");
+                drop(driver);
+                panic!("FSDP could not gather unit {unit} before its forward: {error}");
+            }
+        } else {
+            driver.log(FsdpEvent::PostForward(unit));
+            let actions = (driver.schedule.post_forward)(driver.at(unit));
+            driver.run(actions);
+        }
+    }
+}
+
+impl LayerHooks for UnitHooks<'_> {
+    fn pre_forward(&self, index: usize) {
+        if self.fsdp.layer_units {
+            self.around(index + 1, true);
+        }
+    }
+
+    fn post_forward(&self, index: usize, output: &Tensor) {
+        if !self.fsdp.layer_units {
+            return;
+        }
+        let unit = index + 1;
+        self.around(unit, false);
+        if output.requires_grad() {
+            let weak = Arc::downgrade(&self.fsdp.driver);
+            let hooked = register_grad_hook(output, move || {
+                if let Some(driver) = weak.upgrade() {
+                    let mut driver = lock(&driver);
+                    driver.log(FsdpEvent::PreBackward(unit));
+                    let actions = (driver.schedule.pre_backward)(driver.at(unit));
+                    driver.run(actions);
+                }
+            });
+            if let Err(error) = hooked {
+                let mut driver = self.fsdp.driver();
+                let rank = driver.pg.rank();
+                driver.error.get_or_insert(DistError::Invalid {
+                    rank,
+                    op: "fully_shard".into(),
+                    detail: format!("the pre-backward hook of unit {unit}: {error}"),
+                });
+            }
+        }
+    }
+}
+
+/// SGD on the shards: `p -= lr * g`, elementwise, so each rank's rows get
+/// the bits the full parameter would.
+pub struct FsdpSgd {
+    pub lr: f64,
+}
+
+impl FsdpSgd {
+    /// The update of one tensor (also what a reference on full tensors runs).
+    pub fn update(&self, p: &Tensor, g: &Tensor) -> Result<(), tch::TchError> {
+        tch::no_grad(|| p.shallow_clone().f_sub_(&(g * self.lr)).map(|_| ()))
+    }
+
+    /// Steps every shard that has a gradient.
+    pub fn step(&self, fsdp: &FullyShard) -> Result<(), DistError> {
+        for p in fsdp.sharded_parameters() {
+            if let Some(g) = &p.grad {
+                self.update(&p.shard, g).map_err(|cause| DistError::Torch {
+                    rank: fsdp.driver().pg.rank(),
+                    op: format!("SGD on the shard of {}", p.name),
+                    cause,
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// AdamW on the shards ([`AdamWUpdate`], per-parameter step counts): each
+/// rank keeps the moments of its rows only, 1/N of plain AdamW's.
+pub struct FsdpAdamW {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    moments: Vec<(Tensor, Tensor)>,
+    steps: Vec<i64>,
+}
+
+impl FsdpAdamW {
+    /// Zero moments for this rank's rows (counted in `fsdp`'s ledger);
+    /// PyTorch's betas and eps.
+    pub fn new(fsdp: &FullyShard, lr: f64, weight_decay: f64) -> FsdpAdamW {
+        let shards = fsdp.sharded_parameters();
+        let moments: Vec<(Tensor, Tensor)> =
+            shards.iter().map(|p| (p.shard.zeros_like(), p.shard.zeros_like())).collect();
+        for ((m, v), p) in moments.iter().zip(&shards) {
+            let bytes = tensor_bytes_of(m) + tensor_bytes_of(v);
+            fsdp.ledger.alloc(Holding::OptimizerState, bytes, &format!("AdamW moments of {}", p.name));
+        }
+        FsdpAdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            steps: vec![0; shards.len()],
+            moments,
+        }
+    }
+
+    /// Steps every shard that has a gradient; its step count goes up by one.
+    pub fn step(&mut self, fsdp: &FullyShard) -> Result<(), DistError> {
+        for (i, p) in fsdp.sharded_parameters().into_iter().enumerate() {
+            let Some(g) = &p.grad else { continue };
+            self.steps[i] += 1;
+            let update = AdamWUpdate {
+                lr: self.lr,
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+                step: self.steps[i],
+            };
+            let (m, v) = &mut self.moments[i];
+            let mut shard = p.shard;
+            update.apply(&mut shard, g, m, v).map_err(|cause| DistError::Torch {
+                rank: fsdp.driver().pg.rank(),
+                op: format!("AdamW on the shard of {}", p.name),
+                cause,
+            })?;
+        }
+        Ok(())
+    }
+}
