@@ -1,0 +1,144 @@
+//! FSDP's memory and timing claims: freeing really frees (the storage
+//! autograd saved is 0 bytes between forward and backward), each rank's
+//! peak of parameter bytes (from the library's ledger) stays below DDP's,
+//! which holds every full parameter all the time, and the next unit's
+//! all-gather is issued before the current unit's compute ends, forward
+//! and backward.
+
+use super::{batch, build, loss, shard, Case, Model, Net, Opt};
+use common::run;
+use ddp_workbook::autograd::storage_bytes;
+use ddp_workbook::ddp::{tensor_bytes, FsdpEvent};
+use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
+use ddp_workbook::tch::Kind;
+
+use super::common;
+
+/// One GPT step on 2 ranks; what `f` makes of rank 0's run.
+fn gpt_step<T: Send>(
+    reshard: bool,
+    f: impl Fn(&super::FullyShard, &Net, &[(String, ddp_workbook::tch::Tensor)]) -> T + Sync,
+) -> T {
+    let case = Case::new(Model::Gpt, Opt::Sgd, reshard);
+    run(2, |pg| {
+        let (vs, net) = build(case);
+        let fsdp = shard(case, &net, &vs, pg);
+        Ok(f(&fsdp, &net, &named_parameters(&vs)))
+    })
+    .swap_remove(0)
+}
+
+#[test]
+fn resharding_frees_the_blocks_storage_between_forward_and_backward() {
+    let case = Case::new(Model::Gpt, Opt::Sgd, true);
+    let (during, after) = gpt_step(true, |fsdp, net, params| {
+        let (x, y) = batch(case, 0, 4);
+        let l = loss(case, &net.sharded(fsdp, &x), &y);
+        let bytes = |prefix: &str| -> usize {
+            params.iter().filter(|(n, _)| n.starts_with(prefix)).map(|(_, p)| storage_bytes(p)).sum()
+        };
+        let during = (bytes("blocks."), bytes("tok_emb"));
+        fsdp.backward(&l).unwrap();
+        (during, bytes(""))
+    });
+    assert_eq!(
+        during.0, 0,
+        "after forward, every block's full parameters must be freed (0 bytes of storage)"
+    );
+    assert!(during.1 > 0, "the root keeps its parameters between forward and backward, as FSDP2 does");
+    assert_eq!(after, 0, "after backward, every full parameter must be freed");
+}
+
+#[test]
+fn keeping_after_forward_keeps_the_blocks_storage() {
+    let case = Case::new(Model::Gpt, Opt::Sgd, false);
+    let during = gpt_step(false, |fsdp, net, params| {
+        let (x, _) = batch(case, 0, 4);
+        let _ = net.sharded(fsdp, &x);
+        params
+            .iter()
+            .filter(|(n, _)| n.starts_with("blocks."))
+            .all(|(_, p)| storage_bytes(p) == tensor_bytes(p))
+    });
+    assert!(during, "reshard_after_forward=false keeps each block's full parameters after its forward");
+}
+
+#[test]
+fn peak_parameter_bytes_per_rank_stay_below_ddps() {
+    // Eight blocks: with two, one gathered block, the next one's prefetch
+    // and the root outweigh the half of the model a rank stops holding.
+    let cfg = GptConfig { n_layer: 8, ..super::gpt_config() };
+    let case = Case::new(Model::Gpt, Opt::AdamW, true);
+    for reshard in [true, false] {
+        let (peak, ddp, moments) = run(2, |pg| {
+            let (vs, gpt) = Gpt::seeded(1, &cfg, Kind::Double);
+            let options = super::fsdp_options(reshard);
+            let fsdp = super::FullyShard::gpt(&gpt, &vs, pg, options)?;
+            let adamw = super::FsdpAdamW::new(&fsdp, 0.01, 0.0);
+            fsdp.ledger().reset_peak();
+            let (x, y) = batch(case, 0, 4);
+            let logits = fsdp.forward_with(|hooks| gpt.forward_with_hooks(&x, hooks))?;
+            fsdp.backward(&loss(case, &logits, &y))?;
+            drop(adamw);
+            // DDP holds every full parameter on every rank the whole time.
+            let ddp: usize = named_parameters(&vs).iter().map(|(_, p)| tensor_bytes(p)).sum();
+            Ok((fsdp.ledger().peak_by_kind(), ddp, fsdp.ledger().alive().optimizer_state))
+        })
+        .swap_remove(0);
+        println!(
+            "reshard_after_forward={reshard}: peak parameter bytes {} of DDP's {ddp}; AdamW moments {moments} of DDP's {}",
+            peak.parameters,
+            2 * ddp
+        );
+        if reshard {
+            assert!(
+                peak.parameters < ddp,
+                "FSDP's peak of parameter bytes ({}) must stay below DDP's {ddp}",
+                peak.parameters
+            );
+        }
+        assert!(moments <= ddp + 64 * 8, "each rank keeps the moments of its shard only ({moments} bytes)");
+    }
+}
+
+#[test]
+fn prefetch_issues_the_next_gather_before_the_current_unit_ends() {
+    let case = Case::new(Model::Gpt, Opt::Sgd, true);
+    let events = gpt_step(true, |fsdp, net, _| {
+        let (x, y) = batch(case, 0, 4);
+        let l = loss(case, &net.sharded(fsdp, &x), &y);
+        fsdp.backward(&l).unwrap();
+        fsdp.take_events()
+    });
+    println!("{events:?}");
+    let at = |event: FsdpEvent| {
+        events
+            .iter()
+            .position(|e| *e == event)
+            .unwrap_or_else(|| panic!("{event:?} never happened: {events:?}"))
+    };
+    // Forward: units 0 (root), 1 and 2 (the blocks).
+    for unit in 0..2 {
+        assert!(
+            at(FsdpEvent::GatherIssued(unit + 1)) < at(FsdpEvent::PostForward(unit)),
+            "the all-gather of unit {} must be issued before unit {unit}'s forward ends",
+            unit + 1
+        );
+    }
+    // Backward: block 2, then block 1; block 1's gather leaves before block 2 ends.
+    let backward_gather = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| **e == FsdpEvent::GatherIssued(1))
+        .map(|(i, _)| i)
+        .nth(1)
+        .expect("block 1 is gathered again for backward");
+    assert!(
+        at(FsdpEvent::PreBackward(2)) < backward_gather && backward_gather < at(FsdpEvent::PostBackward(2)),
+        "block 1's backward all-gather must be issued while block 2's backward computes"
+    );
+    assert!(
+        at(FsdpEvent::PostBackward(2)) < at(FsdpEvent::PreBackward(1)),
+        "units end backward in reverse order"
+    );
+}
