@@ -17,7 +17,7 @@
 use tch::nn::{self, Module, VarStore};
 use tch::{Device, Kind, Tensor};
 
-use crate::models::{LayerHooks, NoLayerHooks};
+use crate::models::hooks::{LayerHooks, NoLayerHooks};
 use crate::seed::with_seed;
 
 /// The sizes of a [`Gpt`]. Start from [`GptConfig::tiny`] and override the

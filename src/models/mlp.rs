@@ -5,7 +5,7 @@
 use tch::nn::{self, Module, VarStore};
 use tch::{Device, Kind, Tensor};
 
-use crate::models::{LayerHooks, NoLayerHooks};
+use crate::models::hooks::{LayerHooks, NoLayerHooks};
 use crate::seed::with_seed;
 
 /// Linear layers with tanh between them. `sizes = [4, 16, 16, 1]` gives

@@ -8,30 +8,12 @@
 //! collective. Every rank must walk the same list in the same order.
 
 pub mod gpt;
+mod hooks;
 pub mod mlp;
 
 pub use gpt::{Gpt, GptConfig};
+pub use hooks::{LayerHooks, NoLayerHooks};
 pub use mlp::Mlp;
-
-/// What runs around each unit of a model's forward pass: each transformer
-/// block of a [`Gpt`], each layer of an [`Mlp`]. FSDP gathers a unit's
-/// parameters in `pre_forward` and frees them in `post_forward` (PyTorch
-/// registers the same pair as forward pre- and post-hooks on each module
-/// that `fully_shard` wraps). `Module::forward` runs [`NoLayerHooks`].
-pub trait LayerHooks {
-    /// Before layer `index` computes.
-    fn pre_forward(&self, index: usize);
-    /// After layer `index` computed `output`.
-    fn post_forward(&self, index: usize, output: &Tensor);
-}
-
-/// Hooks that do nothing: the plain forward pass.
-pub struct NoLayerHooks;
-
-impl LayerHooks for NoLayerHooks {
-    fn pre_forward(&self, _index: usize) {}
-    fn post_forward(&self, _index: usize, _output: &Tensor) {}
-}
 
 use tch::nn::VarStore;
 use tch::Tensor;
