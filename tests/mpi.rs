@@ -27,6 +27,8 @@ mod chapters;
 mod collectives;
 #[path = "mpi/failures.rs"]
 mod failures;
+#[path = "mpi/fsdp.rs"]
+mod fsdp;
 #[path = "mpi/large.rs"]
 mod large;
 #[path = "mpi/launcher.rs"]
