@@ -79,7 +79,7 @@ pub fn gpt_config() -> GptConfig {
 /// A built model and how to run it, with or without FSDP's hooks.
 pub enum Net {
     Mlp(Mlp),
-    Gpt(Gpt),
+    Gpt(Box<Gpt>),
 }
 
 impl Net {
@@ -118,7 +118,7 @@ pub fn build(case: Case) -> (VarStore, Net) {
         let net = match case.model {
             Model::Mlp | Model::MlpPerLayer => Net::Mlp(Mlp::new(&vs.root(), &[4, 7, 3, 1])),
             Model::NarrowMlp => Net::Mlp(Mlp::new(&vs.root(), &[4, 2, 1])),
-            Model::Gpt => Net::Gpt(Gpt::new(&vs.root(), &gpt_config())),
+            Model::Gpt => Net::Gpt(Box::new(Gpt::new(&vs.root(), &gpt_config()))),
         };
         if case.unused {
             let _ = vs.root().randn("unused", &[5, 2], 0.0, 1.0);
@@ -273,7 +273,18 @@ pub fn fsdp_options(reshard: bool) -> FsdpOptions {
 }
 
 pub fn shard(case: Case, net: &Net, vs: &VarStore, pg: ddp_workbook::dist::Group) -> FullyShard {
-    let options = fsdp_options(case.reshard);
+    shard_with(case, net, vs, pg, false)
+}
+
+/// [`shard`], recording FSDP's events when `record_events`.
+pub fn shard_with(
+    case: Case,
+    net: &Net,
+    vs: &VarStore,
+    pg: ddp_workbook::dist::Group,
+    record_events: bool,
+) -> FullyShard {
+    let options = FsdpOptions { record_events, ..fsdp_options(case.reshard) };
     match (case.model, net) {
         (Model::Gpt, Net::Gpt(g)) => FullyShard::gpt(g, vs, pg, options),
         (Model::Mlp, Net::Mlp(m)) => FullyShard::mlp(m, vs, pg, options, false),

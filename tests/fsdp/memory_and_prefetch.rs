@@ -22,7 +22,7 @@ fn gpt_step<T: Send>(
     let case = Case::new(Model::Gpt, Opt::Sgd, reshard);
     run(2, |pg| {
         let (vs, net) = build(case);
-        let fsdp = shard(case, &net, &vs, pg);
+        let fsdp = super::shard_with(case, &net, &vs, pg, true);
         Ok(f(&fsdp, &net, &named_parameters(&vs)))
     })
     .swap_remove(0)

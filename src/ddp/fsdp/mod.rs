@@ -86,6 +86,9 @@ pub struct FsdpOptions {
     pub ledger: MemoryLedger,
     /// Whose decisions run: the library's, or chapter 14's.
     pub schedule: FsdpSchedule,
+    /// Keep every [`FsdpEvent`] for [`FullyShard::take_events`] (off by
+    /// default: a long run would pile them up).
+    pub record_events: bool,
 }
 
 impl Default for FsdpOptions {
@@ -94,6 +97,7 @@ impl Default for FsdpOptions {
             reshard_after_forward: true,
             ledger: MemoryLedger::default(),
             schedule: FsdpSchedule::default(),
+            record_events: false,
         }
     }
 }
@@ -118,6 +122,25 @@ pub enum FsdpEvent {
 }
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// The event list, shared with the communication thread; `None` when the
+/// options do not record events.
+#[derive(Clone)]
+struct Events(Option<Arc<Mutex<Vec<FsdpEvent>>>>);
+
+impl Events {
+    fn push(&self, event: FsdpEvent) {
+        if let Some(list) = &self.0 {
+            list.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+        }
+    }
+
+    fn take(&self) -> Vec<FsdpEvent> {
+        self.0
+            .as_ref()
+            .map_or(vec![], |list| std::mem::take(&mut *list.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+}
 
 /// One thread that runs this FSDP's collectives, one at a time, in the
 /// order they were handed to it (so in the same order on every rank).
@@ -173,7 +196,7 @@ struct Driver {
     requires_gradient_sync: bool,
     schedule: FsdpSchedule,
     ledger: MemoryLedger,
-    events: Arc<Mutex<Vec<FsdpEvent>>>,
+    events: Events,
     /// The first failure in a hook, reported by the next call of the caller.
     error: Option<DistError>,
     /// Per unit, the bytes of all-gather output alive for it.
@@ -187,7 +210,7 @@ fn lock(driver: &Mutex<Driver>) -> MutexGuard<'_, Driver> {
 
 impl Driver {
     fn log(&self, event: FsdpEvent) {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+        self.events.push(event);
     }
 
     fn at(&self, unit: usize) -> UnitAt {
@@ -240,7 +263,7 @@ impl Driver {
         let empty = input.numel() == 0;
         let result = self.comm.submit(move || {
             let gathered = if empty { Ok(vec![]) } else { tagged(tag, || pg.all_gather(&input)) };
-            events.lock().unwrap_or_else(|p| p.into_inner()).push(FsdpEvent::GatherDone(u));
+            events.push(FsdpEvent::GatherDone(u));
             gathered
         });
         self.gathers.insert(u, result);
@@ -294,7 +317,7 @@ impl Driver {
             } else {
                 tagged(tag, || pg.reduce_scatter(&input, ReduceOp::Sum))
             };
-            events.lock().unwrap_or_else(|p| p.into_inner()).push(FsdpEvent::ReduceScatterDone(u));
+            events.push(FsdpEvent::ReduceScatterDone(u));
             output
         });
         self.reduce_scatters.push_back((u, result));
@@ -387,7 +410,7 @@ impl Driver {
 /// [`FsdpAdamW`].
 pub struct FullyShard {
     driver: Arc<Mutex<Driver>>,
-    events: Arc<Mutex<Vec<FsdpEvent>>>,
+    events: Events,
     ledger: MemoryLedger,
     /// Whether the model's layers are units 1, 2, ... (else the layer
     /// hooks do nothing: the root is the only unit).
@@ -445,7 +468,7 @@ impl FullyShard {
             built.push(Unit::new(pg.as_ref(), name, own, options.schedule.shard_rows, &ledger)?);
         }
         let count = built.len();
-        let events = Arc::new(Mutex::new(vec![]));
+        let events = Events(options.record_events.then(Arc::default));
         let driver = Arc::new(Mutex::new(Driver {
             comm: CommThread::start(pg.rank()),
             pg: pg.clone(),
@@ -622,9 +645,10 @@ impl FullyShard {
         Ok(out)
     }
 
-    /// Every event since the last call, in order (the call empties the list).
+    /// Every event since the last call, in order (the call empties the
+    /// list); none unless [`FsdpOptions::record_events`] is on.
     pub fn take_events(&self) -> Vec<FsdpEvent> {
-        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
+        self.events.take()
     }
 
     /// The ledger this FSDP reports to.
@@ -748,7 +772,10 @@ impl FsdpSgd {
 }
 
 /// AdamW on the shards ([`AdamWUpdate`], per-parameter step counts): each
-/// rank keeps the moments of its rows only, 1/N of plain AdamW's.
+/// rank keeps the moments of its rows only, 1/N of plain AdamW's. A
+/// parameter that no rank used in a step has a zero gradient shard here
+/// (FSDP2 leaves it without one), so AdamW steps it: its moments decay and
+/// weight decay applies, where one process's AdamW would skip it.
 pub struct FsdpAdamW {
     pub lr: f64,
     pub beta1: f64,
