@@ -142,3 +142,36 @@ fn prefetch_issues_the_next_gather_before_the_current_unit_ends() {
         "units end backward in reverse order"
     );
 }
+
+#[test]
+fn after_backward_only_gradient_shards_stay_and_no_sync_keeps_full_gradients() {
+    let case = Case::new(Model::Gpt, Opt::Sgd, true);
+    let (kept, synced, shards, full, none_left) = gpt_step(true, |fsdp, net, params| {
+        let (x, y) = batch(case, 0, 4);
+        fsdp.set_requires_gradient_sync(false);
+        fsdp.backward(&loss(case, &net.sharded(fsdp, &x), &y)).unwrap();
+        let kept = fsdp.ledger().alive().gradients;
+        fsdp.set_requires_gradient_sync(true);
+        fsdp.backward(&loss(case, &net.sharded(fsdp, &x), &y)).unwrap();
+        let synced = fsdp.ledger().alive().gradients;
+        let none_left = params.iter().all(|(_, p)| !p.grad().defined());
+        let full: usize = params.iter().map(|(_, p)| tensor_bytes(p)).sum();
+        let padded: usize = fsdp
+            .sharded_parameters()
+            .iter()
+            .map(|p| {
+                let full = &params.iter().find(|(n, _)| *n == p.name).unwrap().1;
+                let rows = full.size().first().copied().unwrap_or(1);
+                let chunk = (rows + 1) / 2; // ceil(rows / 2 ranks)
+                (chunk * full.numel() as i64 / rows) as usize * 8
+            })
+            .sum();
+        (kept, synced, padded, full, none_left)
+    });
+    assert!(
+        none_left,
+        "after a synced backward no full parameter may keep its `.grad` (FSDP2 sets it to None)"
+    );
+    assert_eq!(kept, full, "inside no_sync every full gradient stays between micro-batches");
+    assert_eq!(synced, shards, "after a synced backward only the padded gradient shards stay");
+}

@@ -187,7 +187,9 @@ struct Driver {
     /// Flat parameter index (as hooked) to (unit, index in unit).
     place: Vec<(usize, usize)>,
     gathers: HashMap<usize, Receiver<Result<Vec<Tensor>, DistError>>>,
-    reduce_scatters: VecDeque<(usize, Receiver<Result<Tensor, DistError>>)>,
+    /// Issued reduce-scatters: the unit, the bytes of its input (alive
+    /// until the result is taken) and where the result arrives.
+    reduce_scatters: VecDeque<(usize, usize, Receiver<Result<Tensor, DistError>>)>,
     /// Per unit: gradients accumulated in this backward, and whether its
     /// post-backward ran.
     ready: Vec<usize>,
@@ -310,6 +312,8 @@ impl Driver {
         let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
         let unit = &mut self.units[u];
         let input = unit.reduce_scatter_input(pg.as_ref(), pre, &ledger)?;
+        let bytes = crate::ddp::memory::tensor_bytes(&input);
+        ledger.alloc(Holding::Gradients, bytes, &format!("reduce-scatter input of {}", unit.name));
         let (events, tag) = (self.events.clone(), format!("fsdp reduce-scatter of {}", unit.name));
         let result = self.comm.submit(move || {
             let output = if input.numel() == 0 {
@@ -320,7 +324,7 @@ impl Driver {
             events.push(FsdpEvent::ReduceScatterDone(u));
             output
         });
-        self.reduce_scatters.push_back((u, result));
+        self.reduce_scatters.push_back((u, bytes, result));
         self.log(FsdpEvent::ReduceScatterIssued(u));
         Ok(())
     }
@@ -357,8 +361,9 @@ impl Driver {
             }
         }
         let (_, post) = (self.schedule.divide_factors)(self.pg.world_size());
-        while let Some((u, pending)) = self.reduce_scatters.pop_front() {
+        while let Some((u, bytes, pending)) = self.reduce_scatters.pop_front() {
             let output = pending.recv().unwrap_or_else(|_| Err(self.stopped("reduce-scatter")));
+            self.ledger.free(Holding::Gradients, bytes, "reduce-scatter input done");
             match output {
                 Ok(output) if self.error.is_none() => {
                     let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
