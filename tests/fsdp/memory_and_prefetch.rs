@@ -175,3 +175,20 @@ fn after_backward_only_gradient_shards_stay_and_no_sync_keeps_full_gradients() {
     assert_eq!(kept, full, "inside no_sync every full gradient stays between micro-batches");
     assert_eq!(synced, shards, "after a synced backward only the padded gradient shards stay");
 }
+
+#[test]
+fn a_forward_that_skips_the_hooks_is_an_error() {
+    let case = Case::new(Model::Gpt, Opt::Sgd, false);
+    let message = gpt_step(false, |fsdp, net, _| {
+        let Net::Gpt(gpt) = net else { unreachable!("a GPT case") };
+        let (x, _) = batch(case, 0, 4);
+        // Every unit starts freed: a hooked forward first gathers the blocks
+        // (kept: reshard_after_forward=false), so the unhooked one reads
+        // real values, and only the check can catch it.
+        let _ = net.sharded(fsdp, &x);
+        let skipped = fsdp.forward_with(|_| ddp_workbook::tch::nn::Module::forward(&**gpt, &x));
+        skipped.err().map(|e| e.to_string())
+    });
+    let message = message.expect("a forward without the unit hooks must fail");
+    assert!(message.contains("forward_with_hooks"), "the error says what to call: {message}");
+}

@@ -553,13 +553,29 @@ impl FullyShard {
     /// Runs one forward pass: the root's pre-forward (gather), then `model`
     /// with the unit hooks (pass them to the model's `forward_with_hooks`),
     /// then the root's post-forward.
+    ///
+    /// The model must run the hooks around each of its units
+    /// (`Gpt::forward_with_hooks`): a unit computed without them would read
+    /// freed parameters. A unit whose hooks did not run is an error here.
     pub fn forward_with(&self, model: impl FnOnce(&dyn LayerHooks) -> Tensor) -> Result<Tensor, DistError> {
-        let hooks = UnitHooks { fsdp: self };
+        let units = self.driver().units.len();
+        let hooks = UnitHooks { fsdp: self, seen: std::cell::RefCell::new(vec![false; units]) };
         hooks.around(0, true);
         self.driver().take_error()?;
         let output = model(&hooks);
         hooks.around(0, false);
-        self.driver().take_error()?;
+        let mut driver = self.driver();
+        driver.take_error()?;
+        let missed: Vec<usize> =
+            (1..units).filter(|&u| self.layer_units && !hooks.seen.borrow()[u]).collect();
+        if !missed.is_empty() {
+            let detail = format!(
+                "the forward ran no hooks for units {missed:?} (layers {:?}): run the model with \
+                 `forward_with_hooks(input, hooks)` and the hooks `forward_with` passes",
+                missed.iter().map(|u| u - 1).collect::<Vec<_>>()
+            );
+            return Err(DistError::Invalid { rank: driver.pg.rank(), op: "FSDP forward".into(), detail });
+        }
         Ok(output)
     }
 
@@ -690,6 +706,8 @@ pub struct ShardedParameter {
 /// The forward hooks: layer `i` is unit `i + 1`.
 struct UnitHooks<'a> {
     fsdp: &'a FullyShard,
+    /// Which units' pre-forward ran in this forward.
+    seen: std::cell::RefCell<Vec<bool>>,
 }
 
 impl UnitHooks<'_> {
@@ -716,6 +734,9 @@ impl UnitHooks<'_> {
 impl LayerHooks for UnitHooks<'_> {
     fn pre_forward(&self, index: usize) {
         if self.fsdp.layer_units {
+            if let Some(seen) = self.seen.borrow_mut().get_mut(index + 1) {
+                *seen = true;
+            }
             self.around(index + 1, true);
         }
     }
