@@ -5,7 +5,7 @@
 //! all-gather is issued before the current unit's compute ends, forward
 //! and backward.
 
-use super::{batch, build, loss, shard, Case, Model, Net, Opt};
+use super::{batch, build, loss, Case, Model, Net, Opt};
 use common::run;
 use ddp_workbook::autograd::storage_bytes;
 use ddp_workbook::ddp::{tensor_bytes, FsdpEvent};

@@ -180,16 +180,19 @@ impl Drop for CommThread {
     }
 }
 
+/// Where a collective's result arrives from the communication thread.
+type Pending<T> = Receiver<Result<T, DistError>>;
+
 /// What the caller, the forward hooks and the backward hooks share.
 struct Driver {
     pg: Group,
     units: Vec<Unit>,
     /// Flat parameter index (as hooked) to (unit, index in unit).
     place: Vec<(usize, usize)>,
-    gathers: HashMap<usize, Receiver<Result<Vec<Tensor>, DistError>>>,
+    gathers: HashMap<usize, Pending<Vec<Tensor>>>,
     /// Issued reduce-scatters: the unit, the bytes of its input (alive
     /// until the result is taken) and where the result arrives.
-    reduce_scatters: VecDeque<(usize, usize, Receiver<Result<Tensor, DistError>>)>,
+    reduce_scatters: VecDeque<(usize, usize, Pending<Tensor>)>,
     /// Per unit: gradients accumulated in this backward, and whether its
     /// post-backward ran.
     ready: Vec<usize>,
