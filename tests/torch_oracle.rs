@@ -22,6 +22,10 @@ mod compare;
 #[path = "common/forwarding.rs"]
 #[allow(dead_code)] // the oracle uses one of its intercepts
 mod forwarding;
+#[path = "torch_oracle/fsdp.rs"]
+mod fsdp;
+#[path = "torch_oracle/fsdp_order.rs"]
+mod fsdp_order;
 #[path = "torch_oracle/gloo_order.rs"]
 mod gloo_order;
 #[path = "torch_oracle/inputs.rs"]

@@ -30,6 +30,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
@@ -118,6 +120,9 @@ def adamw_optimizer(stage, ddp):
 
 
 def run_stage(stage, directory, rank):
+    if stage["fsdp"] is not None:
+        run_fsdp_stage(stage, directory, rank)
+        return
     folder = os.path.join(directory, stage["name"])
     model = build(stage["model"])
     model.load_state_dict(load_file(os.path.join(folder, "weights.safetensors")), strict=True)
@@ -186,6 +191,70 @@ def run_stage(stage, directory, rank):
     write_layouts(layouts, os.path.join(folder, f"torch_layout_rank{rank}.txt"))
 
 
+def run_fsdp_stage(stage, directory, rank):
+    """A stage under FSDP2 (`fully_shard`) instead of DDP: each transformer
+    block a unit and the root another (`"units": "blocks"`), or the root
+    alone, on a 1-D CPU mesh over gloo. Every parameter is a DTensor
+    sharded along dim 0; what is written is gathered back whole
+    (`full_tensor()`): the averaged gradients after the last micro-batch of
+    each step and the parameters after each step, under the names the DDP
+    stages use. Accumulation ("no_sync": "all_but_last") is FSDP2's
+    `set_requires_gradient_sync(False)` on all but the last micro-batch."""
+    folder = os.path.join(directory, stage["name"])
+    model = build(stage["model"])
+    model.load_state_dict(load_file(os.path.join(folder, "weights.safetensors")), strict=True)
+    batches = load_file(os.path.join(folder, f"batches_rank{rank}.safetensors"))
+    kind = stage["model"]["kind"]
+    out = {}
+    with torch.no_grad():
+        out["forward"] = model(batches["step0.mb0.input"])
+    fsdp = stage["fsdp"]
+    if stage["no_sync"] not in ("none", "all_but_last"):
+        raise ValueError(f"an FSDP stage accumulates with no_sync none or all_but_last, not {stage['no_sync']!r}")
+    # ANCHOR: fully_shard
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    reshard = fsdp["reshard_after_forward"]
+    if fsdp["units"] == "blocks":
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    # ANCHOR_END: fully_shard
+    names = [name for name, _ in model.named_parameters()]
+    optimizer = None
+    if stage["optimizer"] == "adamw":
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=stage["lr"], weight_decay=stage["weight_decay"], foreach=False
+        )
+    elif stage["optimizer"] != "sgd":
+        raise ValueError(f"an FSDP stage steps with sgd or adamw, not {stage['optimizer']!r}")
+    micro_batches = stage["micro_batches"]
+    for step in range(stage["steps"]):
+        model.zero_grad(set_to_none=True)
+        for m in range(micro_batches):
+            key = f"step{step}.mb{m}"
+            if kind == "branchy":
+                model.use_branch = bool(batches[f"{key}.use_branch"].item())
+            last = m + 1 == micro_batches
+            if stage["no_sync"] == "all_but_last":
+                model.set_requires_gradient_sync(last)
+            loss = loss_of(kind, model(batches[f"{key}.input"]), batches[f"{key}.target"]) / float(micro_batches)
+            loss.backward()
+            if last:  # every rank gathers (a collective), in the same order
+                for name, p in zip(names, model.parameters()):
+                    if p.grad is not None:
+                        out[f"{key}.grad.{name}"] = p.grad.full_tensor()
+        if optimizer is not None:
+            optimizer.step()
+        else:
+            with torch.no_grad():  # plain SGD, on each rank's shard
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.sub_(p.grad * stage["lr"])
+        for name, p in zip(names, model.parameters()):
+            out[f"step{step}.param.{name}"] = p.detach().full_tensor()
+    save_file(out, os.path.join(folder, f"torch_rank{rank}.safetensors"))
+
+
 def register_comm_hook(ddp, stage):
     """Chapter 12's stages: PyTorch's own bf16_compress_hook on every bucket
     (cast to bf16, divide by the world size in bf16, all-reduce, copy back)."""
@@ -227,6 +296,36 @@ def bf16_sums(directory, rank, world_size):
         save_file(out, os.path.join(folder, "gloo.safetensors"))
 
 
+# Buffer lengths for gloo's float64 reduce-scatter: per rank, before the
+# world size multiplies them; the last over 1 MiB of output per rank.
+F64_REDUCE_SCATTER_LENGTHS = (1, 5, 16, 1001, 140_001)
+
+
+def f64_reduce_scatters(directory, rank, world_size):
+    """gloo's float64 reduce_scatter_tensor (SUM), FSDP2's gradient
+    collective: every rank's input and every rank's output, as rank 0 sees
+    them. float64 rounds each partial sum too, so the bits show gloo's order
+    of additions, which tests/torch_oracle/gloo_order.rs must reproduce."""
+    out = {}
+    for length in F64_REDUCE_SCATTER_LENGTHS:
+        g = torch.Generator().manual_seed(1700 + rank)
+        mine = torch.randn(length * world_size, generator=g, dtype=torch.float64)
+        mine = mine * torch.randn(length * world_size, generator=g, dtype=torch.float64).mul(8).exp()
+        inputs = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(inputs, mine)
+        output = torch.empty(length, dtype=torch.float64)
+        dist.reduce_scatter_tensor(output, mine.clone())
+        outputs = [torch.empty_like(output) for _ in range(world_size)]
+        dist.all_gather(outputs, output)
+        for r in range(world_size):
+            out[f"{length}.rank{r}"] = inputs[r]
+            out[f"{length}.output{r}"] = outputs[r]
+    if rank == 0:
+        folder = os.path.join(directory, "f64_reduce_scatter")
+        os.makedirs(folder, exist_ok=True)
+        save_file(out, os.path.join(folder, "gloo.safetensors"))
+
+
 def write_layouts(layouts, path):
     """One line per bucket, `WHEN BYTES NAME,NAME,...`, the logged sizes as
     `logged_at_construction SIZES`, and the parameters in DDP's order as
@@ -253,6 +352,7 @@ def main():
         run_stage(stage, directory, rank)
         dist.barrier()
     bf16_sums(directory, rank, dist.get_world_size())
+    f64_reduce_scatters(directory, rank, dist.get_world_size())
     dist.barrier()
     dist.destroy_process_group()
     leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)

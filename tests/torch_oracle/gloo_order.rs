@@ -17,6 +17,14 @@
 //! r - 2 and so on, each rank adding its own contribution, and ends on rank
 //! r: chunk r is (((x[r-1] + x[r-2]) + ...) + x[r]), ranks mod N.
 //! `the_gloo_order_group_sums_as_gloo_does` checks it against gloo itself.
+//!
+//! gloo's float64 reduce-scatter (`reduce_scatter_tensor`, FSDP2's gradient
+//! collective) adds in the same order: it is that ring all-reduce of the
+//! whole input, each rank keeping its own part (rank r the elements
+//! [r L, (r + 1) L) of N L). So an element's order depends on the ring's
+//! chunks, of the WHOLE buffer, not on which rank keeps it; on short
+//! buffers a rank's part spans two of the ring's chunks.
+//! `gloo_reduce_scatters_in_its_ring_order` checks it against gloo.
 
 use ddp_workbook::dist::{torch_error, DistError, Group, ReduceOp, Work};
 use ddp_workbook::tch::{self, Kind, Tensor};
@@ -58,8 +66,17 @@ pub fn gloo_ring_sum(contributions: &[Tensor]) -> Tensor {
     out
 }
 
-/// Sums each bf16 all-reduce (SUM) in gloo's order; every other call goes
-/// to the real group as it is.
+/// This rank's part of gloo's reduce-scatter (SUM) of `contributions` (one
+/// flat buffer of `world_size` parts per rank, in rank order): the ring
+/// sum of the whole buffers, cut.
+pub fn gloo_reduce_scatter(contributions: &[Tensor], rank: usize) -> Tensor {
+    let n = contributions.len() as i64;
+    let part = contributions[0].numel() as i64 / n;
+    gloo_ring_sum(contributions).narrow(0, rank as i64 * part, part)
+}
+
+/// Sums each bf16 all-reduce (SUM), and each float64 reduce-scatter (SUM),
+/// in gloo's order; every other call goes to the real group as it is.
 pub struct GlooRingOrder;
 
 impl Intercept for GlooRingOrder {
@@ -73,9 +90,22 @@ impl Intercept for GlooRingOrder {
         // The result lands at the wait, as the Work contract has it.
         Ok(Work::new(move || tch::no_grad(|| result.f_copy_(&sum)).map(|_| ()).map_err(written)))
     }
+
+    fn reduce_scatter(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        if (tensor.kind(), op) != (Kind::Double, ReduceOp::Sum) {
+            return inner.reduce_scatter(tensor, op);
+        }
+        // dim 0 in world_size chunks, as the contract has it: the flat
+        // buffer's parts, reshaped back.
+        let mut shape = tensor.size();
+        shape[0] /= inner.world_size() as i64;
+        let everyone: Vec<Tensor> =
+            inner.all_gather(&tensor.contiguous())?.iter().map(|t| t.reshape([-1])).collect();
+        Ok(gloo_reduce_scatter(&everyone, inner.rank()).reshape(shape.as_slice()))
+    }
 }
 
-/// `pg`, with its bf16 sums in gloo's order.
+/// `pg`, with its bf16 sums and float64 reduce-scatters in gloo's order.
 pub fn in_gloo_order(pg: Group) -> Group {
     std::sync::Arc::new(Forwarding {
         inner: pg,

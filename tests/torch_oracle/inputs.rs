@@ -8,7 +8,7 @@ use std::path::Path;
 use ddp_workbook::models::GptConfig;
 use ddp_workbook::tch::Tensor;
 
-use super::stages::{build, micro_batch, stages, ModelSpec, NoSync, Stage, StageOptimizer};
+use super::stages::{build, micro_batch, stages, FsdpUnits, ModelSpec, NoSync, Stage, StageOptimizer};
 
 fn json(stage: &Stage) -> String {
     let model = match stage.model {
@@ -35,8 +35,18 @@ fn json(stage: &Stage) -> String {
     let first_bucket_bytes = stage.torch_first_bucket_bytes.map_or("null".to_string(), |b| b.to_string());
     // Both of the workbook's bf16 hooks face PyTorch's one.
     let comm_hook = if stage.bf16_hook.is_some() { r#""bf16_compress_hook""# } else { "null" };
+    let fsdp = match stage.fully_shard {
+        None => "null".to_string(),
+        Some(f) => {
+            let units = match f.units {
+                FsdpUnits::PerBlock => "blocks",
+                FsdpUnits::Root => "root",
+            };
+            format!(r#"{{"units": "{units}", "reshard_after_forward": {}}}"#, f.reshard_after_forward)
+        }
+    };
     format!(
-        r#"{{"name": "{}", "model": {model}, "ddp": {}, "first_bucket_bytes": {first_bucket_bytes}, "steps": {}, "micro_batches": {}, "no_sync": "{no_sync}", "record_micro_batches": {}, "lr": {:?}, "comm_hook": {comm_hook}, "optimizer": "{optimizer}", "weight_decay": {:?}}}"#,
+        r#"{{"name": "{}", "model": {model}, "ddp": {}, "first_bucket_bytes": {first_bucket_bytes}, "steps": {}, "micro_batches": {}, "no_sync": "{no_sync}", "record_micro_batches": {}, "lr": {:?}, "comm_hook": {comm_hook}, "optimizer": "{optimizer}", "weight_decay": {:?}, "fsdp": {fsdp}}}"#,
         stage.name,
         stage.torch_ddp,
         stage.steps,

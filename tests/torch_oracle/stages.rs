@@ -106,6 +106,26 @@ impl Branches {
     }
 }
 
+/// Where PyTorch's side applies `fully_shard` (FSDP2), in a stage trained
+/// under FSDP2 instead of DDP.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FsdpUnits {
+    /// Each transformer block is a unit, the rest of the GPT the root's.
+    PerBlock,
+    /// One unit: the whole model.
+    Root,
+}
+
+/// `fully_shard`'s arguments for a stage.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FullyShard {
+    pub units: FsdpUnits,
+    /// True: each unit's gathered parameters are freed after its forward
+    /// and gathered again for its backward (FULL_SHARD, ZeRO-3); false:
+    /// kept until the backward (SHARD_GRAD_OP, ZeRO-2).
+    pub reshard_after_forward: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct Stage {
     pub name: &'static str,
@@ -128,6 +148,9 @@ pub struct Stage {
     /// AdamW's decoupled weight decay (not used by SGD).
     pub weight_decay: f64,
     pub branches: Branches,
+    /// PyTorch trains this stage with `fully_shard` instead of its DDP
+    /// (`torch_ddp` unused): tests/torch_oracle/fsdp.rs.
+    pub fully_shard: Option<FullyShard>,
 }
 
 const MLP: &[i64] = &[4, 16, 16, 1];
@@ -166,6 +189,7 @@ fn stage(name: &'static str, model: ModelSpec, sync: WorkbookSync, torch_ddp: &'
         optimizer: StageOptimizer::Sgd,
         weight_decay: 0.0,
         branches: Branches::Rank1SkipsStep1,
+        fully_shard: None,
     }
 }
 
@@ -344,7 +368,63 @@ pub fn stages() -> Vec<Stage> {
     ]
     .into_iter()
     .chain(bf16_stages())
+    .chain(fully_shard_stages())
     .collect()
+}
+
+/// The MLP with a last layer of 2 rows: on 3 ranks `fully_shard` leaves
+/// rank 2 no row of `layers.1.weight` and `layers.1.bias` (MLP's last layer,
+/// of 1 row, leaves ranks 1 and 2 none, and rank 1 none on 2 ranks).
+const TWO_ROW_MLP: &[i64] = &[4, 16, 2];
+
+/// PyTorch's FSDP2 (`fully_shard`) against what the workbook has: its DDP
+/// wrapper with the same optimizer (tests/torch_oracle/fsdp.rs says why
+/// they must agree). The tiny GPT per block and at the root, the MLPs at
+/// the root, resharding after forward or not, SGD and AdamW; gradient
+/// accumulation; a branch no rank uses in steps 3 and 5. Few steps: each
+/// stage runs in CI.
+fn fully_shard_stages() -> Vec<Stage> {
+    let wrapper = WorkbookSync::Wrapper { caps: BucketCaps::default(), find_unused: false };
+    let unused = WorkbookSync::Wrapper { caps: BucketCaps::default(), find_unused: true };
+    let shard = |units, reshard_after_forward| Some(FullyShard { units, reshard_after_forward });
+    let sgd = |name, model, fully_shard| Stage { fully_shard, ..stage(name, model, wrapper, "{}") };
+    let adamw = |name, model, fully_shard| Stage {
+        steps: 3,
+        fully_shard,
+        ..adamw_stage(name, model, wrapper, "{}", StageOptimizer::AdamW, Branches::Rank1SkipsStep1)
+    };
+    use FsdpUnits::{PerBlock, Root};
+    vec![
+        sgd("fsdp_gpt_sgd", ModelSpec::Gpt, shard(PerBlock, true)),
+        sgd("fsdp_gpt_sgd_keep", ModelSpec::Gpt, shard(PerBlock, false)),
+        adamw("fsdp_gpt_adamw", ModelSpec::Gpt, shard(PerBlock, true)),
+        adamw("fsdp_gpt_adamw_keep", ModelSpec::Gpt, shard(PerBlock, false)),
+        adamw("fsdp_gpt_root_adamw", ModelSpec::Gpt, shard(Root, true)),
+        sgd("fsdp_mlp_sgd", ModelSpec::Mlp(MLP), shard(Root, true)),
+        adamw("fsdp_mlp_adamw_keep", ModelSpec::Mlp(MLP), shard(Root, false)),
+        sgd("fsdp_two_rows", ModelSpec::Mlp(TWO_ROW_MLP), shard(Root, true)),
+        // Accumulation: set_requires_gradient_sync(False) on PyTorch's
+        // side, no_sync on the workbook's.
+        Stage {
+            steps: 2,
+            micro_batches: 2,
+            no_sync: NoSync::AllButLast,
+            ..sgd("fsdp_gpt_accumulate", ModelSpec::Gpt, shard(PerBlock, true))
+        },
+        // The branch no rank uses in steps 3 and 5: FSDP2 reduces only the
+        // parameters with a gradient, and AdamW skips the rest.
+        Stage {
+            fully_shard: shard(Root, true),
+            ..adamw_stage(
+                "fsdp_unused_gap",
+                branchy(),
+                unused,
+                FIND_UNUSED,
+                StageOptimizer::AdamW,
+                Branches::Gap,
+            )
+        },
+    ]
 }
 
 /// Chapter 12's hook, in both orders, on an MLP of 4,996 parameters with

@@ -1,0 +1,316 @@
+//! PyTorch's FSDP2 (`fully_shard`) as an oracle: the `fsdp_*` stages of
+//! stages.rs, which scripts/torch/oracle.py trains under `fully_shard` (per
+//! transformer block and at the root, resharding after forward or not, SGD
+//! and `AdamW(foreach=False)`, gloo, float64), against the workbook's run
+//! of the same stage and against one process on the global batch.
+//! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
+//!
+//! Why the workbook's DDP must give FSDP2's numbers. FSDP2 computes each
+//! unit's forward and backward on the whole parameters (all-gathered: exact
+//! copies), so every rank's local gradient is DDP's. Its average is a
+//! reduce-scatter of a buffer that holds each rank's chunk of every
+//! gradient of the unit (dim 0 split in `world_size` chunks, padded),
+//! divided in float64 by a pre-factor before the sum and a post-factor
+//! after it (`_get_gradient_divide_factors`): on 2 ranks (a/2 + b/2) and
+//! nothing after, on 3 ranks (a/2 + b/2 + c/2) / 1.5. Division by 2 is
+//! exact and commutes with each rounded addition, and (s/2)/1.5 is s/3
+//! rounded once: so FSDP2's average is the rounded sum divided by the world
+//! size, as the workbook's DDP computes it. On 2 ranks a + b has one order,
+//! so the two agree bitwise. On 3 ranks gloo's reduce-scatter adds in its
+//! ring order, which depends on where the element lies in the unit's
+//! buffer (gloo_order.rs, checked against gloo by
+//! `gloo_reduce_scatters_in_its_ring_order`), the workbook's DDP in rank
+//! order: the last bits differ, within the oracle's 3-rank bound. The
+//! optimizer then steps each rank's shard element by element, as the
+//! workbook's steps the whole tensor: the same bits per element.
+//!
+//! The seam: each test calls [`stage_agrees`] with the workbook's run of a
+//! stage (one rank, on a group). Today that is the DDP wrapper
+//! (`workbook::train`); the library's FSDP and ZeRO-2 plug in as other runs.
+
+use std::time::Duration;
+
+use ddp_workbook::check::{compare_to_reference, max_abs_diff, same_bits};
+use ddp_workbook::dist::{spawn_with, Group, ReduceOp, SpawnOptions};
+use ddp_workbook::models::named_parameters;
+use ddp_workbook::tch::nn::Module;
+use ddp_workbook::tch::Tensor;
+use ddp_workbook::train::AdamW;
+
+use crate::compare::Agreement;
+use crate::fsdp_order::in_fsdp2_order;
+use crate::oracle_run::{self, torch_tensors};
+use crate::stages::{
+    self, build, by_name, loss, micro_batch, ModelSpec, Stage, StageOptimizer, WorkbookSync,
+};
+use crate::workbook::{train, RankRun};
+use crate::{check_against_torch, gloo_order};
+
+/// One rank of the workbook's side of a stage, on a group: what the
+/// oracle's rank computed, under its names (workbook.rs).
+pub trait WorkbookRun: Fn(&Stage, Group) -> anyhow::Result<RankRun> + Sync {}
+impl<F: Fn(&Stage, Group) -> anyhow::Result<RankRun> + Sync> WorkbookRun for F {}
+
+/// `run` on every rank of `world_size` in-process ranks.
+fn ranks(stage: &Stage, world_size: usize, run: &impl WorkbookRun) -> Vec<RankRun> {
+    let options = SpawnOptions::new(world_size).timeout(Duration::from_secs(60));
+    spawn_with(options, |pg| run(stage, pg)).unwrap_or_else(|e| panic!("{}: a rank failed: {e}", stage.name))
+}
+
+/// An FSDP stage on 2 and 3 ranks: `run`'s ranks against PyTorch's
+/// `fully_shard` (bitwise on 2 ranks, within the bound on 3), and PyTorch's
+/// against one process on the global batch (within the bound).
+pub fn stage_agrees(name: &str, run: impl WorkbookRun) {
+    stage_agrees_as(name, run, Agreement::on);
+}
+
+/// [`stage_agrees`], with the agreement asked of `run` on each world size.
+pub fn stage_agrees_as(name: &str, run: impl WorkbookRun, agreement: fn(usize) -> Agreement) {
+    let stage = by_name(name);
+    assert!(stage.fully_shard.is_some(), "stage `{name}` is not trained under fully_shard");
+    for world_size in [2, 3] {
+        let runs = ranks(&stage, world_size, &run);
+        let compared = stages::compared(&stage, world_size);
+        check_against_torch(name, world_size, &runs, agreement(world_size), compared);
+        equals_one_process(&stage, world_size);
+    }
+}
+
+/// Largest absolute difference allowed between PyTorch's ranks and one
+/// process on the global batch, per element: the chapter tests' bound for
+/// DDP against one process (tests/common/mod.rs). Not bitwise: the gradient
+/// of a batch of N x B rows sums its rows otherwise than N gradients of B
+/// rows do. Not the 3-rank bound relative to each tensor's largest value
+/// either: AdamW divides each gradient by its own running size, so where a
+/// gradient is small, its rounding moves the step by more than the
+/// gradient's relative error (measured: 3.1e-13 on the tiny GPT, 3.3e-12 of
+/// `mlp.fc.weight`'s largest value, against 1e-16 under SGD).
+pub const ONE_PROCESS_TOLERANCE: f64 = 1e-10;
+
+/// PyTorch's ranks against one process on the global batch, within
+/// [`ONE_PROCESS_TOLERANCE`]. The forward (on one rank's batch) is not
+/// compared, nor, under AdamW on the tiny GPT, `attn.qkv.bias`
+/// (stages::compared: its gradient is rounding noise, its steps as large
+/// as the learning rate).
+fn equals_one_process(stage: &Stage, world_size: usize) -> f64 {
+    let ours = one_process(stage, world_size);
+    let adamw_on_the_gpt = matches!(stage.model, ModelSpec::Gpt) && stage.optimizer != StageOptimizer::Sgd;
+    let compared = |name: &str| name != "forward" && !(adamw_on_the_gpt && name.contains("attn.qkv.bias"));
+    let pick = |tensors: Vec<(String, Tensor)>| -> Vec<(String, Tensor)> {
+        tensors.into_iter().filter(|(n, _)| compared(n)).collect()
+    };
+    let ours = pick(ours);
+    let mut largest = 0f64;
+    for rank in 0..world_size {
+        let torch = pick(torch_tensors(world_size, stage.name, rank));
+        compare_to_reference(&torch, &ours, ONE_PROCESS_TOLERANCE).unwrap_or_else(|report| {
+            panic!(
+                "stage `{}` on {world_size} ranks: PyTorch's fully_shard, rank {rank}, against one process on \
+                 the global batch: {}",
+                stage.name,
+                report.hint("both must average the same gradients: look at the first step and tensor listed")
+            )
+        });
+        for (name, theirs) in &torch {
+            let (_, mine) = ours.iter().find(|(n, _)| n == name).expect("compared above");
+            largest = largest.max(max_abs_diff(mine, theirs));
+        }
+    }
+    println!(
+        "stage `{}` on {world_size} ranks against one process on the global batch: largest difference {largest:.3e} \
+         (tolerance {ONE_PROCESS_TOLERANCE:e})",
+        stage.name
+    );
+    largest
+}
+
+/// One process on the global batch: each micro-batch is every rank's rows
+/// together (the mean loss over them is the mean of the ranks' means, the
+/// ranks holding as many rows each), stepped as the stage says. Returns
+/// the gradients after the last micro-batch and the parameters after each
+/// step, under the oracle's names. A Branchy branch that no micro-batch of
+/// the step takes has no gradient in it, as under PyTorch's AdamW (its
+/// `.grad` is None): neither recorded nor stepped.
+pub fn one_process(stage: &Stage, world_size: usize) -> Vec<(String, Tensor)> {
+    ddp_workbook::tch::set_num_threads(1);
+    let (vs, model) = build(&stage.model);
+    let params = named_parameters(&vs);
+    let mut adamw = match stage.optimizer {
+        StageOptimizer::Sgd => None,
+        StageOptimizer::AdamW => Some(AdamW::new(&params, stage.lr, stage.weight_decay)),
+        StageOptimizer::Zero1 => panic!("stage `{}`: one process has no ZeRO-1 to run", stage.name),
+    };
+    let mut out = Vec::new();
+    for step in 0..stage.steps {
+        for (_, p) in &params {
+            let mut grad = p.grad();
+            if grad.defined() {
+                let _ = grad.zero_();
+            }
+        }
+        let mut branch_used = false;
+        for m in 0..stage.micro_batches {
+            let batches: Vec<_> = (0..world_size).map(|r| micro_batch(stage, r, step, m)).collect();
+            let use_branch = batches[0].use_branch;
+            let branchy = matches!(stage.model, ModelSpec::Branchy(_));
+            assert!(
+                !branchy || batches.iter().all(|b| b.use_branch == use_branch),
+                "stage `{}`: ranks take different branches in step {step}: no global batch gives that",
+                stage.name
+            );
+            branch_used |= use_branch;
+            model.choose_branch(use_branch);
+            let inputs: Vec<&Tensor> = batches.iter().map(|b| &b.input).collect();
+            let targets: Vec<&Tensor> = batches.iter().map(|b| &b.target).collect();
+            let output = model.forward(&Tensor::cat(&inputs, 0));
+            loss(stage, &output, &Tensor::cat(&targets, 0)).backward();
+        }
+        let no_gradient = |name: &str| {
+            matches!(stage.model, ModelSpec::Branchy(_)) && !branch_used && name.starts_with("branch.")
+        };
+        let last = stage.micro_batches - 1;
+        for (name, p) in params.iter().filter(|(n, p)| p.grad().defined() && !no_gradient(n)) {
+            out.push((format!("step{step}.mb{last}.grad.{name}"), p.grad().copy()));
+        }
+        match &mut adamw {
+            Some(adamw) => {
+                let skipped: Vec<String> =
+                    params.iter().map(|(n, _)| n.clone()).filter(|n| no_gradient(n)).collect();
+                adamw.skip_in_next_step(&skipped);
+                adamw.step().unwrap_or_else(|e| panic!("stage `{}`: AdamW's step failed: {e}", stage.name));
+            }
+            None => ddp_workbook::tch::no_grad(|| {
+                for (_, p) in &params {
+                    let mut p = p.shallow_clone();
+                    p -= p.grad() * stage.lr;
+                }
+            }),
+        }
+        for (name, p) in &params {
+            out.push((format!("step{step}.param.{name}"), p.detach().copy()));
+        }
+    }
+    out
+}
+
+/// The workbook's DDP with the stage's optimizer: what FSDP must equal.
+fn ddp(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
+    train(stage, pg)
+}
+
+/// The workbook's naive sync (one all-reduce per parameter, sum then divide
+/// by the world size) and SGD, its sums added in the order FSDP2's gloo
+/// reduce-scatter adds them (fsdp_order.rs).
+fn naive_sync_in_fsdp2_order(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
+    anyhow::ensure!(stage.optimizer == StageOptimizer::Sgd, "the naive sync's stages step by SGD");
+    let naive = Stage { sync: WorkbookSync::Naive, ..stage.clone() };
+    train(&naive, in_fsdp2_order(stage, pg))
+}
+
+/// FSDP2's float64 average on 3 ranks, (a/2 + b/2 + c/2) / 1.5, is the sum
+/// divided by 3 rounded once (module comment): with the sum added in gloo's
+/// order, the workbook's naive sync gives its bits. Without that order it
+/// does not, so the order is the whole of the 3-rank difference.
+#[test]
+fn on_3_ranks_fully_shard_differs_from_the_workbooks_sync_only_by_glooss_order_of_additions() {
+    for name in ["fsdp_gpt_sgd", "fsdp_mlp_sgd", "fsdp_two_rows", "fsdp_gpt_accumulate"] {
+        stage_agrees_as(name, naive_sync_in_fsdp2_order, |_| Agreement::Bitwise);
+        let stage = by_name(name);
+        let plain = |stage: &Stage, pg| train(&Stage { sync: WorkbookSync::Naive, ..stage.clone() }, pg);
+        let runs = ranks(&stage, 3, &plain);
+        let torch = torch_tensors(3, name, 0);
+        let differs = runs[0].tensors.iter().filter(|(n, _)| n != "forward").any(|(n, ours)| {
+            let (_, theirs) =
+                torch.iter().find(|(t, _)| t == n).unwrap_or_else(|| panic!("PyTorch wrote no {n}"));
+            !same_bits(ours, theirs)
+        });
+        assert!(
+            differs,
+            "stage `{name}`: the naive sync in rank order gives FSDP2's bits on 3 ranks: this test cannot \
+             tell orders apart"
+        );
+    }
+}
+
+#[test]
+fn fully_shard_per_block_with_sgd_equals_the_workbooks_ddp_and_one_process() {
+    stage_agrees("fsdp_gpt_sgd", ddp);
+    stage_agrees("fsdp_gpt_sgd_keep", ddp);
+}
+
+#[test]
+fn fully_shard_per_block_with_adamw_equals_the_workbooks_ddp_and_one_process() {
+    stage_agrees("fsdp_gpt_adamw", ddp);
+    stage_agrees("fsdp_gpt_adamw_keep", ddp);
+    stage_agrees("fsdp_gpt_root_adamw", ddp);
+}
+
+#[test]
+fn fully_shard_at_the_root_of_the_mlp_with_empty_shards_equals_the_workbooks_ddp() {
+    stage_agrees("fsdp_mlp_sgd", ddp);
+    stage_agrees("fsdp_mlp_adamw_keep", ddp);
+    stage_agrees("fsdp_two_rows", ddp);
+}
+
+#[test]
+fn fully_shard_accumulating_without_gradient_sync_equals_ddps_no_sync() {
+    stage_agrees("fsdp_gpt_accumulate", ddp);
+}
+
+#[test]
+fn fully_shard_leaves_a_parameter_no_rank_used_as_ddp_with_adamw_does() {
+    stage_agrees("fsdp_unused_gap", ddp);
+}
+
+/// gloo's float64 reduce-scatter of buffers of several lengths, and every
+/// rank's input, from the oracle's runs: the workbook's in-process ranks,
+/// through gloo_order.rs's group, must give each rank gloo's bits, where
+/// a sum in rank order does not on 3 ranks. (The group the library's FSDP
+/// and ZeRO-2 runs reduce-scatter on to match FSDP2 bitwise on 3 ranks.)
+#[test]
+fn gloo_reduce_scatters_in_its_ring_order() {
+    for world_size in [2, 3] {
+        let path = oracle_run::oracle(world_size).join("f64_reduce_scatter").join("gloo.safetensors");
+        let tensors =
+            Tensor::read_safetensors(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let get = |name: String| {
+            tensors
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, t)| t.shallow_clone())
+                .unwrap_or_else(|| panic!("{} holds no {name}", path.display()))
+        };
+        let lengths: Vec<String> =
+            tensors.iter().filter_map(|(n, _)| n.strip_suffix(".output0").map(String::from)).collect();
+        assert!(lengths.len() >= 5, "{} holds the reduce-scatters of {lengths:?} only", path.display());
+        let mut rank_order_differs = false;
+        for length in lengths {
+            let inputs: Vec<Tensor> = (0..world_size).map(|r| get(format!("{length}.rank{r}"))).collect();
+            let outputs: Vec<Tensor> = (0..world_size).map(|r| get(format!("{length}.output{r}"))).collect();
+            let options = SpawnOptions::new(world_size).timeout(Duration::from_secs(60));
+            // Tensors are not Sync: each rank gets its input as numbers.
+            let numbers: Vec<Vec<f64>> = inputs.iter().map(|t| Vec::<f64>::try_from(t).unwrap()).collect();
+            let ours = spawn_with(options, |pg| {
+                let input = Tensor::from_slice(&numbers[pg.rank()]);
+                Ok(gloo_order::in_gloo_order(pg).reduce_scatter(&input, ReduceOp::Sum)?)
+            })
+            .unwrap_or_else(|e| panic!("a rank failed: {e}"));
+            let in_rank_order = inputs[1..].iter().fold(inputs[0].copy(), |s, c| s + c);
+            let part = outputs[0].numel() as i64;
+            for (rank, (ours, gloo)) in ours.iter().zip(&outputs).enumerate() {
+                assert!(
+                    same_bits(ours, gloo),
+                    "{length} elements a rank on {world_size} ranks, rank {rank}: gloo_order.rs does not \
+                     reduce-scatter in gloo's order"
+                );
+                rank_order_differs |= !same_bits(&in_rank_order.narrow(0, rank as i64 * part, part), gloo);
+            }
+        }
+        assert_eq!(
+            rank_order_differs,
+            world_size == 3,
+            "on {world_size} ranks, gloo's reduce-scatter and a sum in rank order differ: {rank_order_differs} \
+             (on 2 ranks a + b has one order; on 3 they must differ, or this test cannot tell orders apart)"
+        );
+    }
+}
