@@ -7,6 +7,9 @@
 //! Stepped by SGD written out on both sides, or by the training run's AdamW
 //! and the library's ZeRO-1 against PyTorch's AdamW and
 //! ZeroRedundancyOptimizer (stages.rs).
+//! PyTorch's FSDP2 (`fully_shard`) is an oracle too: its stages are held
+//! to the workbook's DDP and to one process on the global batch, through a
+//! seam where the library's FSDP and ZeRO-2 runs plug in (fsdp.rs).
 //! PyTorch runs once per world size for every stage, under
 //! `.venv/bin/torchrun --standalone` with gloo on loopback
 //! (scripts/torch/oracle.py); each test is one stage, on 2 and 3 ranks.

@@ -4,7 +4,8 @@ numerical oracle of the workbook. The workbook writes the stages to run
 (safetensors); this script trains the PyTorch twins (models.py) on them
 with torch.nn.parallel.DistributedDataParallel, gloo, float64, one thread
 per process, stepping with plain SGD, AdamW or ZeroRedundancyOptimizer
-over AdamW as the stage says, and writes what it computed: the gradients
+over AdamW as the stage says (or, for the `fsdp_*` stages, under FSDP2's
+fully_shard instead of DDP: run_fsdp_stage), and writes what it computed: the gradients
 after every synced backward, the parameters after every step, the twin's forward on
 the first batch before training, and the bucket layouts. tests/torch_oracle.rs
 compares them with the workbook's, step by step.
@@ -16,8 +17,9 @@ Run by `cargo test --features solutions,mpi,nccl --test torch_oracle`; by hand:
 
 DIR holds stages.json and, per stage, STAGE/weights.safetensors and
 STAGE/batches_rank{r}.safetensors; it receives STAGE/torch_rank{r}.safetensors
-and STAGE/torch_layout_rank{r}.txt, and bf16_sums/gloo.safetensors (gloo's
-bf16 all-reduce, for the order of its additions).
+and STAGE/torch_layout_rank{r}.txt, bf16_sums/gloo.safetensors (gloo's
+bf16 all-reduce, for the order of its additions) and
+f64_reduce_scatter/gloo.safetensors (gloo's float64 reduce-scatter, FSDP2's).
 """
 
 import contextlib

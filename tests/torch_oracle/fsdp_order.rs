@@ -34,6 +34,15 @@ fn unit_of(units: FsdpUnits, name: &str) -> String {
     }
 }
 
+/// A parameter in its unit's buffer: name, shape, rows per chunk (ceil(rows
+/// / N)), and elements per row.
+struct Member {
+    name: String,
+    shape: Vec<i64>,
+    rows_c: i64,
+    cols: i64,
+}
+
 /// For every parameter of `stage`'s model, the ring chunk of gloo's
 /// reduce-scatter that adds each of its elements on `world_size` ranks,
 /// as an i64 tensor of the parameter's shape.
@@ -43,14 +52,14 @@ pub fn ring_chunks(stage: &Stage, world_size: usize) -> HashMap<String, Tensor> 
     let (vs, _) = build(&stage.model);
     let params = named_parameters(&vs);
     let n = world_size as i64;
-    // Per unit, in registration order: (name, shape, rows per chunk, cols).
-    let mut by_unit: Vec<(String, Vec<(String, Vec<i64>, i64, i64)>)> = Vec::new();
+    // Per unit, its members in registration order.
+    let mut by_unit: Vec<(String, Vec<Member>)> = Vec::new();
     for (name, p) in &params {
         let shape = p.size();
         let rows = shape.first().copied().unwrap_or(1);
         let cols: i64 = shape.iter().skip(1).product();
         let unit = unit_of(units, name);
-        let entry = (name.clone(), shape, (rows + n - 1) / n, cols);
+        let entry = Member { name: name.clone(), shape, rows_c: (rows + n - 1) / n, cols };
         match by_unit.iter_mut().find(|(u, _)| *u == unit) {
             Some((_, members)) => members.push(entry),
             None => by_unit.push((unit, vec![entry])),
@@ -58,12 +67,12 @@ pub fn ring_chunks(stage: &Stage, world_size: usize) -> HashMap<String, Tensor> 
     }
     let mut chunks = HashMap::new();
     for (_, members) in by_unit {
-        let part: i64 = members.iter().map(|(_, _, rows_c, cols)| rows_c * cols).sum();
+        let part: i64 = members.iter().map(|m| m.rows_c * m.cols).sum();
         let ring = gloo_chunks((part * n) as usize, 8, world_size);
         let chunk_at =
             |position: i64| ring.iter().position(|r| r.contains(&(position as usize))).unwrap() as i64;
         let mut offset = 0;
-        for (name, shape, rows_c, cols) in members {
+        for Member { name, shape, rows_c, cols } in members {
             let numel: i64 = shape.iter().product();
             let of_element: Vec<i64> = (0..numel)
                 .map(|e| {

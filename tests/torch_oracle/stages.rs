@@ -381,15 +381,16 @@ const TWO_ROW_MLP: &[i64] = &[4, 16, 2];
 /// wrapper with the same optimizer (tests/torch_oracle/fsdp.rs says why
 /// they must agree). The tiny GPT per block and at the root, the MLPs at
 /// the root, resharding after forward or not, SGD and AdamW; gradient
-/// accumulation; a branch no rank uses in steps 3 and 5. Few steps: each
-/// stage runs in CI.
+/// accumulation; a branch no rank uses in steps 3 and 5. Two steps (the
+/// branch's five): each stage runs in CI, on 2 and 3 ranks, in-process
+/// and on MPI.
 fn fully_shard_stages() -> Vec<Stage> {
     let wrapper = WorkbookSync::Wrapper { caps: BucketCaps::default(), find_unused: false };
     let unused = WorkbookSync::Wrapper { caps: BucketCaps::default(), find_unused: true };
     let shard = |units, reshard_after_forward| Some(FullyShard { units, reshard_after_forward });
-    let sgd = |name, model, fully_shard| Stage { fully_shard, ..stage(name, model, wrapper, "{}") };
+    let sgd = |name, model, fully_shard| Stage { steps: 2, fully_shard, ..stage(name, model, wrapper, "{}") };
     let adamw = |name, model, fully_shard| Stage {
-        steps: 3,
+        steps: 2,
         fully_shard,
         ..adamw_stage(name, model, wrapper, "{}", StageOptimizer::AdamW, Branches::Rank1SkipsStep1)
     };
