@@ -17,7 +17,8 @@ Run by `cargo test --features solutions,mpi,nccl --test torch_oracle`; by hand:
 
 DIR holds stages.json and, per stage, STAGE/weights.safetensors and
 STAGE/batches_rank{r}.safetensors; it receives STAGE/torch_rank{r}.safetensors
-and STAGE/torch_layout_rank{r}.txt, bf16_sums/gloo.safetensors (gloo's
+and STAGE/torch_layout_rank{r}.txt (or, for an FSDP stage,
+STAGE/torch_shard_rows_rank{r}.txt), bf16_sums/gloo.safetensors (gloo's
 bf16 all-reduce, for the order of its additions) and
 f64_reduce_scatter/gloo.safetensors (gloo's float64 reduce-scatter, FSDP2's).
 """
@@ -222,6 +223,10 @@ def run_fsdp_stage(stage, directory, rank):
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     # ANCHOR_END: fully_shard
     names = [name for name, _ in model.named_parameters()]
+    # The rows of each parameter this rank keeps: `NAME ROWS` per line.
+    with open(os.path.join(folder, f"torch_shard_rows_rank{rank}.txt"), "w") as f:
+        for name, p in model.named_parameters():
+            f.write(f"{name} {p.to_local().shape[0]}\n")
     optimizer = None
     if stage["optimizer"] == "adamw":
         optimizer = torch.optim.AdamW(

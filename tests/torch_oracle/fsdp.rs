@@ -44,7 +44,7 @@ use ddp_workbook::tch::Tensor;
 use ddp_workbook::train::AdamW;
 
 use crate::compare::Agreement;
-use crate::fsdp_order::in_fsdp2_order;
+use crate::fsdp_order::{in_fsdp2_order, rows_per_rank};
 use crate::oracle_run::{self, torch_tensors};
 use crate::stages::{
     self, build, by_name, loss, micro_batch, ModelSpec, Stage, StageOptimizer, WorkbookSync,
@@ -269,6 +269,66 @@ fn fully_shard_accumulating_without_gradient_sync_equals_ddps_no_sync() {
 #[test]
 fn fully_shard_leaves_a_parameter_no_rank_used_as_ddp_with_adamw_does() {
     stage_agrees("fsdp_unused_gap", ddp);
+}
+
+/// The rows of each parameter that PyTorch's rank `rank` keeps, by name.
+fn torch_shard_rows(world_size: usize, stage: &str, rank: usize) -> Vec<(String, i64)> {
+    let path = oracle_run::oracle(world_size).join(stage).join(format!("torch_shard_rows_rank{rank}.txt"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .map(|line| {
+            let (name, rows) = line.split_once(' ').unwrap_or_else(|| panic!("{}: `{line}`", path.display()));
+            (name.to_string(), rows.parse().unwrap_or_else(|e| panic!("{}: `{line}`: {e}", path.display())))
+        })
+        .collect()
+}
+
+/// Each of PyTorch's ranks keeps the rows fsdp_order.rs lays out (chunks of
+/// ceil(rows / N) rows, the last ranks fewer or none), and the stages hold
+/// the empty shards they say they do: rank 1 of 2 and ranks 1 and 2 of 3
+/// none of the MLP's 1-row last layer, rank 2 of 3 none of the 2-row one.
+#[test]
+fn fully_shard_keeps_the_rows_the_layout_says_and_some_ranks_none() {
+    let mut empty = Vec::new();
+    for world_size in [2, 3] {
+        for stage in stages::stages().into_iter().filter(|s| s.fully_shard.is_some()) {
+            let (vs, _) = build(&stage.model);
+            let params = named_parameters(&vs);
+            for rank in 0..world_size {
+                let kept = torch_shard_rows(world_size, stage.name, rank);
+                let names: Vec<&String> = kept.iter().map(|(n, _)| n).collect();
+                assert_eq!(
+                    names,
+                    params.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                    "stage `{}`: PyTorch's parameters are not the workbook's, in its order",
+                    stage.name
+                );
+                for ((name, p), (_, rows)) in params.iter().zip(&kept) {
+                    let per = rows_per_rank(p.size()[0], world_size);
+                    let expected = (p.size()[0] - rank as i64 * per).clamp(0, per);
+                    assert_eq!(
+                        *rows, expected,
+                        "stage `{}` on {world_size} ranks: PyTorch's rank {rank} keeps {rows} rows of `{name}`, \
+                         fsdp_order.rs lays out {expected}",
+                        stage.name
+                    );
+                    if expected == 0 {
+                        empty.push(format!("{world_size}:{}:{rank}:{name}", stage.name));
+                    }
+                }
+            }
+        }
+    }
+    for shard in [
+        "2:fsdp_mlp_sgd:1:layers.2.weight",
+        "3:fsdp_mlp_sgd:2:layers.2.weight",
+        "3:fsdp_two_rows:2:layers.1.weight",
+    ] {
+        assert!(
+            empty.iter().any(|e| e == shard),
+            "no empty shard {shard} (world size:stage:rank:parameter) in {empty:?}"
+        );
+    }
 }
 
 /// gloo's float64 reduce-scatter of buffers of several lengths, and every

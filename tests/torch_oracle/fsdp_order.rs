@@ -34,6 +34,13 @@ fn unit_of(units: FsdpUnits, name: &str) -> String {
     }
 }
 
+/// The rows of a parameter of `rows` rows that each rank keeps at most on
+/// `world_size` ranks (torch.chunk's chunks): rank r keeps the rows from
+/// r times this on, if any are left.
+pub fn rows_per_rank(rows: i64, world_size: usize) -> i64 {
+    (rows + world_size as i64 - 1) / world_size as i64
+}
+
 /// A parameter in its unit's buffer: name, shape, rows per chunk (ceil(rows
 /// / N)), and elements per row.
 struct Member {
@@ -59,7 +66,7 @@ pub fn ring_chunks(stage: &Stage, world_size: usize) -> HashMap<String, Tensor> 
         let rows = shape.first().copied().unwrap_or(1);
         let cols: i64 = shape.iter().skip(1).product();
         let unit = unit_of(units, name);
-        let entry = Member { name: name.clone(), shape, rows_c: (rows + n - 1) / n, cols };
+        let entry = Member { name: name.clone(), shape, rows_c: rows_per_rank(rows, world_size), cols };
         match by_unit.iter_mut().find(|(u, _)| *u == unit) {
             Some((_, members)) => members.push(entry),
             None => by_unit.push((unit, vec![entry])),
