@@ -3,6 +3,8 @@
 //! tests' harness: the test binary starts itself as the ranks), against the
 //! same PyTorch runs as the in-process ranks. One job per world size runs
 //! every stage; each rank writes its tensors, the test compares them.
+//! The `fsdp_*` stages too: the workbook's DDP on MPI against PyTorch's
+//! `fully_shard` (fsdp.rs says why they agree).
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
 use std::path::{Path, PathBuf};
