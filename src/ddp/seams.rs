@@ -19,6 +19,7 @@
 //! | [`BucketsWith::plan_with`], [`BucketsWith::sync_with`] | `plan_buckets`, `sync_bucket` | 5 |
 //! | [`ReducerWithSteps::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
 //! | [`ZeroWithSteps::with_steps`], [`ZeroSteps`] | `shard_of`, `step_bucket` | 11 |
+//! | [`GradOpWithSteps::with_steps`], [`GradOpSteps`] | `launch_bucket`, `finish_bucket` | 13 |
 
 use std::cell::Cell;
 
@@ -36,6 +37,7 @@ use crate::models::Named;
 
 pub use super::reducer::PlanBuckets;
 pub use super::replica_check::ReplicaCheck;
+pub use super::zero::GradOpSteps;
 pub use super::zero::ZeroSteps;
 
 /// `loss.backward()` and nothing else: this rank's gradients, added to
@@ -252,5 +254,37 @@ impl ZeroWithSteps for ShardedAdamW {
         steps: ZeroSteps,
     ) -> Result<Self, DistError> {
         Self::built_with(params, pg, caps, lr, weight_decay, steps)
+    }
+}
+
+/// Chapter 13's door: a [`ShardGradOp`](super::ShardGradOp) running the
+/// learner's functions.
+pub trait GradOpWithSteps<M: Module>: Sized {
+    /// [`ShardGradOp::new`](super::ShardGradOp::new) running `steps`
+    /// instead of the library's `launch_bucket` and `finish_bucket`
+    /// (chapter 13: the learner's). What they return is checked on every
+    /// bucket.
+    fn with_steps(
+        module: M,
+        vs: &nn::VarStore,
+        pg: Group,
+        caps: BucketCaps,
+        lr: f64,
+        weight_decay: f64,
+        steps: GradOpSteps,
+    ) -> Result<Self, DistError>;
+}
+
+impl<M: Module> GradOpWithSteps<M> for super::ShardGradOp<M> {
+    fn with_steps(
+        module: M,
+        vs: &nn::VarStore,
+        pg: Group,
+        caps: BucketCaps,
+        lr: f64,
+        weight_decay: f64,
+        steps: GradOpSteps,
+    ) -> Result<Self, DistError> {
+        Self::built_with(module, vs, pg, caps, lr, weight_decay, steps)
     }
 }

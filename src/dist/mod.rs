@@ -123,12 +123,58 @@ pub struct CommStats {
     pub collective_bytes: u64,
     /// Bytes this rank sent with `send`.
     pub p2p_bytes_sent: u64,
+    /// Per kind, the bytes of the whole buffer each collective works on (the
+    /// size NCCL's and PyTorch's benchmarks quote a collective by): the
+    /// tensor of a broadcast or an all-reduce, the input of a reduce-scatter
+    /// (every rank's chunks), the output of an all-gather (world size times
+    /// the tensor handed in). So a reduce-scatter and the all-gather that
+    /// undoes it count the same bytes. [`ring_wire_bytes`](Self::ring_wire_bytes)
+    /// turns them into bytes on the wire.
+    pub broadcast_bytes: u64,
+    pub all_reduce_bytes: u64,
+    pub all_gather_bytes: u64,
+    pub reduce_scatter_bytes: u64,
 }
 
 impl CommStats {
     /// All collective calls together (point-to-point calls not included).
     pub fn collectives(&self) -> u64 {
         self.broadcast + self.all_reduce + self.all_gather + self.reduce_scatter + self.barrier
+    }
+
+    /// The bytes each rank sends over the wire for these collectives if each
+    /// runs as a ring of `world_size` ranks (NCCL's and gloo's algorithm for
+    /// large buffers): a reduce-scatter sends N-1 chunks of 1/N of its
+    /// buffer, an all-gather the same, a pipelined broadcast about its buffer
+    /// once per rank but the last, and an all-reduce is a reduce-scatter then
+    /// an all-gather. So (N-1)/N per reduce-scatter, all-gather or broadcast
+    /// byte, 2(N-1)/N per all-reduce byte; nothing on one rank. This is why
+    /// ZeRO-2's reduce-scatter plus all-gather costs what DDP's all-reduce
+    /// costs.
+    pub fn ring_wire_bytes(&self, world_size: usize) -> f64 {
+        let n = world_size.max(1) as f64;
+        let once = (self.reduce_scatter_bytes + self.all_gather_bytes + self.broadcast_bytes) as f64;
+        (n - 1.0) / n * (once + 2.0 * self.all_reduce_bytes as f64)
+    }
+
+    /// The calls and bytes made between `before` and `self` (both from one
+    /// group handle, `before` the earlier).
+    pub fn since(&self, before: &CommStats) -> CommStats {
+        CommStats {
+            broadcast: self.broadcast - before.broadcast,
+            all_reduce: self.all_reduce - before.all_reduce,
+            all_gather: self.all_gather - before.all_gather,
+            reduce_scatter: self.reduce_scatter - before.reduce_scatter,
+            barrier: self.barrier - before.barrier,
+            send: self.send - before.send,
+            recv: self.recv - before.recv,
+            collective_bytes: self.collective_bytes - before.collective_bytes,
+            p2p_bytes_sent: self.p2p_bytes_sent - before.p2p_bytes_sent,
+            broadcast_bytes: self.broadcast_bytes - before.broadcast_bytes,
+            all_reduce_bytes: self.all_reduce_bytes - before.all_reduce_bytes,
+            all_gather_bytes: self.all_gather_bytes - before.all_gather_bytes,
+            reduce_scatter_bytes: self.reduce_scatter_bytes - before.reduce_scatter_bytes,
+        }
     }
 }
 
@@ -210,6 +256,29 @@ pub trait ProcessGroup: Send + Sync {
     /// reduces chunk `i` across ranks, and returns it to rank `i`.
     #[track_caller]
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError>;
+    /// Starts a [`reduce_scatter`](Self::reduce_scatter) and returns at once;
+    /// this rank's chunk lands in `output` (`[rows / world_size, ...]`, the
+    /// tensor's dtype) when the returned [`Work`] is waited on. Leave both
+    /// alone until then. The default runs it here and now (a backend
+    /// without a communication thread); the in-process backend runs it on
+    /// its communication thread, as it does an asynchronous all-reduce.
+    #[track_caller]
+    fn reduce_scatter_async(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+        output: &Tensor,
+    ) -> Result<Work, DistError> {
+        let chunk = self.reduce_scatter(tensor, op)?;
+        let mut output = output.shallow_clone();
+        let rank = self.rank();
+        tch::no_grad(|| output.f_copy_(&chunk)).map_err(|cause| DistError::Torch {
+            rank,
+            op: "copying the reduce-scattered chunk into its output".into(),
+            cause,
+        })?;
+        Ok(Work::new(|| Ok(())))
+    }
     /// Returns once every rank has called it.
     #[track_caller]
     fn barrier(&self) -> Result<(), DistError>;

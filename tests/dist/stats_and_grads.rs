@@ -35,11 +35,41 @@ fn stats_count_every_call_and_byte() {
         recv: 1,
         collective_bytes: 16 + 32 + 8 + 24 + 16,
         p2p_bytes_sent: 20,
+        broadcast_bytes: 16,
+        all_reduce_bytes: 32 + 8,
+        all_gather_bytes: 2 * 24, // the gathered output: both ranks' 24 bytes
+        reduce_scatter_bytes: 16,
     };
     for (rank, (fresh, after)) in stats.iter().enumerate() {
         assert_eq!(fresh, &CommStats::default(), "rank {rank}: a new group has made no calls");
         assert_eq!(after, &want, "rank {rank}");
         assert_eq!(after.collectives(), 6, "rank {rank}: collectives() counts the five kinds, not send/recv");
+        // A ring of 2: half of each reduce-scatter, all-gather and broadcast
+        // byte crosses the wire, and twice that of each all-reduce byte.
+        assert_eq!(after.ring_wire_bytes(2), 0.5 * (16.0 + 48.0 + 16.0) + 2.0 * 0.5 * 40.0, "rank {rank}");
+        assert_eq!(after.since(&fresh), want, "rank {rank}: since() subtracts the counts before");
+    }
+}
+
+#[test]
+fn reduce_scatter_async_leaves_what_reduce_scatter_returns() {
+    let got = run_ok(3, |pg| {
+        let values = Tensor::arange(6, (Kind::Double, Device::Cpu)) / 3.0 + pg.rank() as f64;
+        let blocking = pg.reduce_scatter(&values, ReduceOp::Sum)?;
+        let output = Tensor::zeros([2], (Kind::Double, Device::Cpu));
+        pg.reduce_scatter_async(&values, ReduceOp::Sum, &output)?.wait()?;
+        Ok((blocking, output, pg.stats().reduce_scatter))
+    });
+    for (rank, (blocking, output, calls)) in got.iter().enumerate() {
+        // By hand: chunk r of (v + 0) + (v + 1) + (v + 2), added in rank order.
+        let v = Tensor::arange(6, (Kind::Double, Device::Cpu)) / 3.0;
+        let by_hand = ((&v + 1.0) + (&v + 0.0) + (&v + 2.0)).narrow(0, 2 * rank as i64, 2);
+        assert!(
+            output.equal(blocking),
+            "rank {rank}: the asynchronous reduce-scatter left {output:?}, not {blocking:?}"
+        );
+        assert!(output.allclose(&by_hand, 0.0, 1e-15, false), "rank {rank}: {output:?}, by hand {by_hand:?}");
+        assert_eq!(*calls, 2, "rank {rank}: both calls are counted");
     }
 }
 

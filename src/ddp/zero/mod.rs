@@ -18,11 +18,20 @@
 //! training run's `AdamW::state` names them. Loading cuts each rank's shard
 //! out of such a state, whatever world size saved it, so a run can resume
 //! on another number of ranks (or with plain AdamW).
+//!
+//! ZeRO stage 2 ([`ShardGradOp`], `grad_op.rs`) shards the gradients too:
+//! each bucket is reduce-scattered during backward and only this rank's
+//! shard is kept; the two per-bucket decisions chapter 13 asks for are in
+//! `grad_shards.rs`.
 
+mod grad_op;
+mod grad_shards;
 mod shards;
 
 use tch::{TchError, Tensor};
 
+pub use grad_op::{FinishBucket, GradOpSteps, LaunchBucket, ShardGradOp, BUCKETS_IN_FLIGHT};
+pub use grad_shards::{finish_bucket, launch_bucket, InFlight};
 use shards::step_bucket_per_parameter;
 pub use shards::{shard_of, step_bucket, Shard, ShardedBucket};
 

@@ -83,8 +83,34 @@ impl LocalProcessGroup {
         self.count(|s| {
             s.all_reduce += 1;
             s.collective_bytes += bytes(tensor);
+            s.all_reduce_bytes += bytes(tensor);
         });
         Ok(self.start(Op::AllReduce(op), Some(tensor), Some(tensor.shallow_clone())))
+    }
+
+    /// Checks a reduce-scatter, counts it and joins it: its number and name.
+    #[track_caller]
+    fn begin_reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<(u64, String), DistError> {
+        self.check_tensor("reduce_scatter", tensor)?;
+        let size = self.world.size as i64;
+        let rows = tensor.size().first().copied().unwrap_or(0);
+        if tensor.dim() == 0 || rows % size != 0 {
+            let shape = tensor.size();
+            let detail = format!("dimension 0 of a {shape:?} tensor does not split into {size} equal chunks");
+            return Err(self.invalid("reduce_scatter", detail));
+        }
+        if op == ReduceOp::Avg && !is_float(tensor.kind()) {
+            let kind = tensor.kind();
+            return Err(
+                self.invalid("reduce_scatter", format!("avg needs a floating-point tensor, got {kind:?}"))
+            );
+        }
+        self.count(|s| {
+            s.reduce_scatter += 1;
+            s.collective_bytes += bytes(tensor);
+            s.reduce_scatter_bytes += bytes(tensor);
+        });
+        Ok(self.start(Op::ReduceScatter(op), Some(tensor), Some(tensor.shallow_clone())))
     }
 
     /// How long an all-reduce of `tensor` takes on the simulated link, if any.
@@ -145,6 +171,7 @@ impl ProcessGroup for LocalProcessGroup {
         self.count(|s| {
             s.broadcast += 1;
             s.collective_bytes += bytes(tensor);
+            s.broadcast_bytes += bytes(tensor);
         });
         let input = (self.rank == root).then(|| tensor.shallow_clone());
         let (seq, name) = self.start(Op::Broadcast { root }, Some(tensor), input);
@@ -189,6 +216,7 @@ impl ProcessGroup for LocalProcessGroup {
         self.count(|s| {
             s.all_gather += 1;
             s.collective_bytes += bytes(tensor);
+            s.all_gather_bytes += bytes(tensor) * self.world.size as u64; // the gathered output
         });
         let (seq, name) = self.start(Op::AllGather, Some(tensor), Some(tensor.shallow_clone()));
         self.world
@@ -196,27 +224,39 @@ impl ProcessGroup for LocalProcessGroup {
     }
 
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        self.check_tensor("reduce_scatter", tensor)?;
-        let size = self.world.size as i64;
-        let rows = tensor.size().first().copied().unwrap_or(0);
-        if tensor.dim() == 0 || rows % size != 0 {
-            let shape = tensor.size();
-            let detail = format!("dimension 0 of a {shape:?} tensor does not split into {size} equal chunks");
-            return Err(self.invalid("reduce_scatter", detail));
-        }
-        if op == ReduceOp::Avg && !is_float(tensor.kind()) {
-            let kind = tensor.kind();
-            return Err(
-                self.invalid("reduce_scatter", format!("avg needs a floating-point tensor, got {kind:?}"))
-            );
-        }
-        self.count(|s| {
-            s.reduce_scatter += 1;
-            s.collective_bytes += bytes(tensor);
-        });
-        let (seq, name) = self.start(Op::ReduceScatter(op), Some(tensor), Some(tensor.shallow_clone()));
+        let (seq, name) = self.begin_reduce_scatter(tensor, op)?;
         let rank = self.rank;
         self.world.complete(rank, seq, &name, |shared| shared[rank].f_detach_copy())
+    }
+
+    fn reduce_scatter_async(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+        output: &Tensor,
+    ) -> Result<Work, DistError> {
+        let (seq, name) = self.begin_reduce_scatter(tensor, op)?;
+        let comm = self.comm.get_or_init(|| {
+            CommThread::start(format!("comm-{}", self.global_rank())).map_err(|e| e.to_string())
+        });
+        let Ok(comm) = comm.as_ref() else {
+            self.world.give_up(self.rank, seq);
+            return Err(self.invalid("reduce_scatter", "this rank's communication thread could not start"));
+        };
+        // This rank's side runs on its communication thread, in the order
+        // the calls were made (after any all-reduce queued before it).
+        let (world, rank, done) = (self.world.clone(), self.rank, Arc::new(Completion::default()));
+        let (mut output, result, job_name) = (output.shallow_clone(), done.clone(), name.clone());
+        let queued = comm.run(move || {
+            result
+                .set(world.complete(rank, seq, &job_name, |shared| output.f_copy_(&shared[rank]).map(|_| ())))
+        });
+        if !queued {
+            self.world.give_up(rank, seq);
+            return Err(self.invalid("reduce_scatter", "this rank's communication thread has stopped"));
+        }
+        let (me, backstop) = (self.global_rank(), self.world.timeout * 2 + Duration::from_secs(30));
+        Ok(Work::new(move || done.wait(backstop, me, &name)))
     }
 
     fn barrier(&self) -> Result<(), DistError> {

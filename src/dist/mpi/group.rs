@@ -139,6 +139,7 @@ impl ProcessGroup for MpiProcessGroup {
         self.count(|s| {
             s.broadcast += 1;
             s.collective_bytes += byte_len(tensor) as u64;
+            s.broadcast_bytes += byte_len(tensor) as u64;
         });
         let (buf, copied) = contiguous(tensor).map_err(self.torch("broadcast"))?;
         let (name, signature) = self.name(Op::Broadcast { root }, Some(tensor), false);
@@ -155,6 +156,7 @@ impl ProcessGroup for MpiProcessGroup {
         self.count(|s| {
             s.all_reduce += 1;
             s.collective_bytes += byte_len(tensor) as u64;
+            s.all_reduce_bytes += byte_len(tensor) as u64;
         });
         let (mut buf, copied) = contiguous(tensor).map_err(self.torch("all_reduce"))?;
         let (name, signature) = self.name(Op::AllReduce(op), Some(tensor), false);
@@ -183,6 +185,7 @@ impl ProcessGroup for MpiProcessGroup {
         self.count(|s| {
             s.all_gather += 1;
             s.collective_bytes += byte_len(tensor) as u64;
+            s.all_gather_bytes += byte_len(tensor) as u64 * self.global.len() as u64;
         });
         let (input, _) = contiguous(tensor).map_err(self.torch("all_gather"))?;
         let size = self.global.len() as i64;
@@ -208,6 +211,7 @@ impl ProcessGroup for MpiProcessGroup {
         self.count(|s| {
             s.reduce_scatter += 1;
             s.collective_bytes += byte_len(tensor) as u64;
+            s.reduce_scatter_bytes += byte_len(tensor) as u64;
         });
         let (input, _) = contiguous(tensor).map_err(self.torch("reduce_scatter"))?;
         let mut shape = tensor.size();

@@ -52,7 +52,10 @@ impl ProcessGroup for NcclProcessGroup {
         self.check_peer(op, "root", root)?;
         self.exchange(op, None)?; // sends go before the next collective (p2p.rs)
         self.agree(&self.call(Op::Broadcast { root }, tensor))?;
-        self.count(tensor, |s| s.broadcast += 1);
+        self.count(tensor, |s| {
+            s.broadcast += 1;
+            s.broadcast_bytes += (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64;
+        });
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(op))?;
         let (data, count, kind) =
             (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
@@ -73,7 +76,10 @@ impl ProcessGroup for NcclProcessGroup {
         self.check_reduction(&op, tensor, reduce)?;
         self.exchange(&op, None)?; // sends go before the next collective (p2p.rs)
         self.agree(&self.call(Op::AllReduce(reduce), tensor))?;
-        self.count(tensor, |s| s.all_reduce += 1);
+        self.count(tensor, |s| {
+            s.all_reduce += 1;
+            s.all_reduce_bytes += (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64;
+        });
         let (buf, copied) = on_gpu(tensor, self.device()).map_err(self.torch(&op))?;
         let (data, count, kind) =
             (ffi::pointer(&buf), buf.numel(), ffi::data_type(buf.kind()).expect("checked"));
@@ -116,7 +122,11 @@ impl ProcessGroup for NcclProcessGroup {
         self.check(op, tensor)?;
         self.exchange(op, None)?; // sends go before the next collective (p2p.rs)
         self.agree(&self.call(Op::AllGather, tensor))?;
-        self.count(tensor, |s| s.all_gather += 1);
+        self.count(tensor, |s| {
+            s.all_gather += 1;
+            s.all_gather_bytes +=
+                (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64 * self.world as u64;
+        });
         let (input, _) = on_gpu(tensor, self.device()).map_err(self.torch(op))?;
         let mut shape = vec![self.world as i64];
         shape.extend(tensor.size());
@@ -143,7 +153,10 @@ impl ProcessGroup for NcclProcessGroup {
         }
         self.exchange(&op, None)?; // sends go before the next collective (p2p.rs)
         self.agree(&self.call(Op::ReduceScatter(reduce), tensor))?;
-        self.count(tensor, |s| s.reduce_scatter += 1);
+        self.count(tensor, |s| {
+            s.reduce_scatter += 1;
+            s.reduce_scatter_bytes += (tensor.numel() * tensor.kind().elt_size_in_bytes()) as u64;
+        });
         shape[0] /= self.world as i64;
         let (input, _) = on_gpu(tensor, self.device()).map_err(self.torch(&op))?;
         let output = Tensor::empty(shape.as_slice(), (tensor.kind(), self.device()));
