@@ -35,5 +35,6 @@ pub mod ch06_overlap;
 pub mod ch07_sharding;
 pub mod ch11_zero;
 pub mod ch12_bf16;
+pub mod ch13_sharded_gradients;
 pub mod notebook;
 pub mod train;

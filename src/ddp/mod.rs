@@ -13,7 +13,7 @@
 //! | `DistributedSampler` | `sampler.rs`: [`DistributedSampler`], [`epoch_shard`] | 7 |
 //! | `ZeroRedundancyOptimizer` | `zero/`: [`ShardedAdamW`], [`shard_of`], [`step_bucket`]; `adamw_update.rs`: AdamW's arithmetic, [`AdamWUpdate`] | 11 |
 //! | FSDP2's `fully_shard` (ZeRO-3, `FULL_SHARD`; `reshard_after_forward=False` is `SHARD_GRAD_OP`) | `fsdp/`: [`FullyShard`], [`FsdpSchedule`], [`shard_rows`], [`FsdpSgd`], [`FsdpAdamW`] | 14 |
-//! | FSDP's `SHARD_GRAD_OP` (`fully_shard(reshard_after_forward=False)`), DeepSpeed's ZeRO stage 2 | `zero/grad_op.rs`: [`ShardGradOp`]; `zero/grad_shards.rs`: [`launch_bucket`], [`finish_bucket`] | 13 |
+//! | FSDP's `SHARD_GRAD_OP` (`fully_shard(reshard_after_forward=False)`), DeepSpeed's ZeRO stage 2 | `zero/grad_op.rs`: [`ShardGradOp`]; `zero/grad_shards.rs`: [`reduce_scatter_bucket`], [`keep_shard`] | 13 |
 //! | (none: PyTorch reads its caching allocator) | `memory.rs`: [`MemoryLedger`], the bytes of parameters, gradients and optimizer state a strategy holds | 11, 13, 14 |
 //! | (none: the decision guide, as arithmetic) | `plan.rs`: [`plan_memory`], the bytes of model states per device under DDP, ZeRO-1, ZeRO-2 and FSDP, and which fits | 99 |
 //! | (none: the workbook's doors for the chapters) | `seams.rs`: [`seams`], never used by the library | 2-6, 11 |
@@ -81,7 +81,7 @@ pub use wrapper::no_sync::{NoSyncGuard, SyncSwitch};
 pub use wrapper::step::{train_step, train_step_with};
 pub use wrapper::{SimpleDistributedDataParallelism, StepOptimizer, UnusedParameters};
 pub use zero::{
-    finish_bucket, launch_bucket, FinishBucket, GradOpSteps, InFlight, LaunchBucket, ShardGradOp,
+    keep_shard, reduce_scatter_bucket, GradOpSteps, InFlight, KeepShard, ReduceScatterBucket, ShardGradOp,
     BUCKETS_IN_FLIGHT,
 };
 pub use zero::{shard_of, step_bucket, Shard, ShardedAdamW, ShardedBucket};

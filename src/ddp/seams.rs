@@ -19,7 +19,7 @@
 //! | [`BucketsWith::plan_with`], [`BucketsWith::sync_with`] | `plan_buckets`, `sync_bucket` | 5 |
 //! | [`ReducerWithSteps::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
 //! | [`ZeroWithSteps::with_steps`], [`ZeroSteps`] | `shard_of`, `step_bucket` | 11 |
-//! | [`GradOpWithSteps::with_steps`], [`GradOpSteps`] | `launch_bucket`, `finish_bucket` | 13 |
+//! | [`GradOpWithSteps::with_steps`], [`GradOpSteps`] | `reduce_scatter_bucket`, `keep_shard` | 13 |
 
 use std::cell::Cell;
 
@@ -261,7 +261,7 @@ impl ZeroWithSteps for ShardedAdamW {
 /// learner's functions.
 pub trait GradOpWithSteps<M: Module>: Sized {
     /// [`ShardGradOp::new`](super::ShardGradOp::new) running `steps`
-    /// instead of the library's `launch_bucket` and `finish_bucket`
+    /// instead of the library's `reduce_scatter_bucket` and `keep_shard`
     /// (chapter 13: the learner's). What they return is checked on every
     /// bucket.
     fn with_steps(

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-use super::grad_shards::{finish_bucket, launch_bucket, InFlight};
+use super::grad_shards::{keep_shard, reduce_scatter_bucket, InFlight};
 use super::shards::{shard_of, Shard};
 use crate::autograd::{clear_grad, GradReadyHooks};
 use crate::ddp::adamw_update::AdamWUpdate;
@@ -50,23 +50,23 @@ use crate::models::Named;
 /// reduce-scatter before it frees its input).
 pub const BUCKETS_IN_FLIGHT: usize = 2;
 
-/// Starts one bucket's reduce-scatter (see [`launch_bucket`]).
-pub type LaunchBucket = fn(&dyn ProcessGroup, &[Named], Shard) -> Result<InFlight, DistError>;
-/// Waits for one and returns this rank's averaged shard (see [`finish_bucket`]).
-pub type FinishBucket = fn(&dyn ProcessGroup, InFlight) -> Result<Tensor, DistError>;
+/// Starts one bucket's reduce-scatter (see [`reduce_scatter_bucket`]).
+pub type ReduceScatterBucket = fn(&dyn ProcessGroup, &[Named], Shard) -> Result<InFlight, DistError>;
+/// Waits for one and returns this rank's averaged shard (see [`keep_shard`]).
+pub type KeepShard = fn(&dyn ProcessGroup, InFlight) -> Result<Tensor, DistError>;
 
 /// The three functions a [`ShardGradOp`] runs: the library's unless
 /// chapter 13 plugs in the learner's (`ddp::seams`).
 #[derive(Clone, Copy)]
 pub struct GradOpSteps {
     pub shard_of: fn(usize, usize, usize) -> Shard,
-    pub launch_bucket: LaunchBucket,
-    pub finish_bucket: FinishBucket,
+    pub reduce_scatter_bucket: ReduceScatterBucket,
+    pub keep_shard: KeepShard,
 }
 
 impl Default for GradOpSteps {
     fn default() -> Self {
-        GradOpSteps { shard_of, launch_bucket, finish_bucket }
+        GradOpSteps { shard_of, reduce_scatter_bucket, keep_shard }
     }
 }
 
@@ -452,7 +452,7 @@ impl Backward {
             .iter()
             .map(|&i| (self.params[i].0.clone(), self.params[i].1.shallow_clone()))
             .collect();
-        let launch = self.steps.launch_bucket;
+        let launch = self.steps.reduce_scatter_bucket;
         let in_flight = tagged(format!("{}, bucket {b}", self.tag), || launch(pg.as_ref(), &members, shard))?;
         self.launched += 1;
         let flat_bytes = tensor_bytes(&in_flight.flat);
@@ -478,7 +478,7 @@ impl Backward {
             None
         };
         if let Some(problem) = problem {
-            let detail = format!("launch_bucket for bucket {b}: {problem}");
+            let detail = format!("reduce_scatter_bucket for bucket {b}: {problem}");
             self.in_flight.push_back((b, in_flight)); // still waited for: the peers' calls pair with it
             return Err(DistError::Invalid { rank: pg.rank(), op: "ZeRO-2 backward".into(), detail });
         }
@@ -531,7 +531,7 @@ impl Backward {
         let Some((b, in_flight)) = self.in_flight.pop_front() else { return Ok(()) };
         let (flat_bytes, out_bytes) = (tensor_bytes(&in_flight.flat), tensor_bytes(&in_flight.shard));
         let pg = self.pg.clone();
-        let finished = (self.steps.finish_bucket)(pg.as_ref(), in_flight);
+        let finished = (self.steps.keep_shard)(pg.as_ref(), in_flight);
         self.ledger.free(Holding::Gradients, flat_bytes, &format!("bucket {b}'s flat gradient goes"));
         let shard = match finished {
             Ok(shard) => shard,
@@ -544,7 +544,7 @@ impl Backward {
         if shard.numel() != len || shard.kind() != self.layout[b].kind {
             self.ledger.free(Holding::Gradients, out_bytes, &format!("bucket {b}'s wrong shard"));
             let detail = format!(
-                "finish_bucket for bucket {b} returned {:?}{:?}; this rank keeps its shard: {len} elements of {:?}",
+                "keep_shard for bucket {b} returned {:?}{:?}; this rank keeps its shard: {len} elements of {:?}",
                 shard.kind(),
                 shard.size(),
                 self.layout[b].kind

@@ -1,5 +1,5 @@
 //! Spoiler: this file holds the library's answers to chapter 13's
-//! `launch_bucket` and `finish_bucket` (`src/ch13_sharded_gradients/exercise.rs`).
+//! `reduce_scatter_bucket` and `keep_shard` (`src/ch13_sharded_gradients/exercise.rs`).
 //! Working through the book? Write yours first; the book shows them on the
 //! chapter's solution page.
 //!
@@ -32,7 +32,7 @@ pub struct InFlight {
 }
 // ANCHOR_END: in_flight
 
-// ANCHOR: launch_bucket
+// ANCHOR: reduce_scatter_bucket
 /// Starts one bucket's reduce-scatter during backward, once every member's
 /// gradient is final: `members` are the bucket's parameters in buffer
 /// order, `shard` this rank's part of the padded buffer (`shard_of`'s
@@ -40,7 +40,11 @@ pub struct InFlight {
 /// counts as zeros. Returns the buffer that left, where this rank's chunk
 /// will land, and the handle; the members have no gradient afterwards (the
 /// buffer holds their values, and ZeRO-2 keeps no full gradient).
-pub fn launch_bucket(pg: &dyn ProcessGroup, members: &[Named], shard: Shard) -> Result<InFlight, DistError> {
+pub fn reduce_scatter_bucket(
+    pg: &dyn ProcessGroup,
+    members: &[Named],
+    shard: Shard,
+) -> Result<InFlight, DistError> {
     let (kind, device) =
         members.first().map_or((Kind::Float, tch::Device::Cpu), |(_, p)| (p.kind(), p.device()));
     let mut pieces = Vec::with_capacity(members.len() + 1);
@@ -72,14 +76,14 @@ pub fn launch_bucket(pg: &dyn ProcessGroup, members: &[Named], shard: Shard) -> 
     let work = pg.reduce_scatter_async(&flat, ReduceOp::Sum, &out)?;
     Ok(InFlight { flat, shard: out, work })
 }
-// ANCHOR_END: launch_bucket
+// ANCHOR_END: reduce_scatter_bucket
 
-// ANCHOR: finish_bucket
+// ANCHOR: keep_shard
 /// Waits for one bucket's reduce-scatter and returns what this rank keeps:
 /// its chunk of the sum divided by the world size (`[len]`), bit for bit
 /// what DDP's all-reduce and division leave in those elements. The full
 /// buffer is dropped here: its memory goes the moment the sum has arrived.
-pub fn finish_bucket(pg: &dyn ProcessGroup, in_flight: InFlight) -> Result<Tensor, DistError> {
+pub fn keep_shard(pg: &dyn ProcessGroup, in_flight: InFlight) -> Result<Tensor, DistError> {
     let InFlight { flat, mut shard, work } = in_flight;
     work.wait()?;
     drop(flat); // the reduce-scatter has read it: the full bucket goes
@@ -87,4 +91,4 @@ pub fn finish_bucket(pg: &dyn ProcessGroup, in_flight: InFlight) -> Result<Tenso
         .map_err(torch_error(pg, "dividing the gradient shard by the world size"))?;
     Ok(shard)
 }
-// ANCHOR_END: finish_bucket
+// ANCHOR_END: keep_shard

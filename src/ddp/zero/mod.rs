@@ -30,8 +30,8 @@ mod shards;
 
 use tch::{TchError, Tensor};
 
-pub use grad_op::{FinishBucket, GradOpSteps, LaunchBucket, ShardGradOp, BUCKETS_IN_FLIGHT};
-pub use grad_shards::{finish_bucket, launch_bucket, InFlight};
+pub use grad_op::{GradOpSteps, KeepShard, ReduceScatterBucket, ShardGradOp, BUCKETS_IN_FLIGHT};
+pub use grad_shards::{keep_shard, reduce_scatter_bucket, InFlight};
 use shards::step_bucket_per_parameter;
 pub use shards::{shard_of, step_bucket, Shard, ShardedBucket};
 
