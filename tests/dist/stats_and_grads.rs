@@ -47,7 +47,7 @@ fn stats_count_every_call_and_byte() {
         // A ring of 2: half of each reduce-scatter, all-gather and broadcast
         // byte crosses the wire, and twice that of each all-reduce byte.
         assert_eq!(after.ring_wire_bytes(2), 0.5 * (16.0 + 48.0 + 16.0) + 2.0 * 0.5 * 40.0, "rank {rank}");
-        assert_eq!(after.since(&fresh), want, "rank {rank}: since() subtracts the counts before");
+        assert_eq!(after.since(fresh), want, "rank {rank}: since() subtracts the counts before");
     }
 }
 
