@@ -393,3 +393,37 @@ fn zero2_sends_the_bytes_ddp_sends() {
         }
     }
 }
+
+#[test]
+fn zero2_reduce_scatters_each_bucket_during_backward() {
+    // A bucket per parameter: the last layer's buckets are complete long
+    // before backward reaches the first layer.
+    let task = MlpTask::new(MLP, false);
+    let labels = run(2, |pg: Group| {
+        let (vs, module) = task.build();
+        let model = ShardGradOp::new(module, &vs, pg.clone(), ONE_EACH, LR, WEIGHT_DECAY)?;
+        let ledger = model.ledger();
+        ledger.reset_peak();
+        model.backward(&task.loss(&|x| model.forward(x), 2 * pg.rank() as i64, 2))?;
+        Ok(ledger.events().into_iter().map(|e| e.label).collect::<Vec<String>>())
+    });
+    let labels = &labels[0];
+    let first_launch = labels.iter().position(|l| l.ends_with("flat gradient, reduce-scattering"));
+    let first_layer = labels.iter().position(|l| l == "full gradient of `layers.0.weight`");
+    let (Some(first_launch), Some(first_layer)) = (first_launch, first_layer) else {
+        panic!("the ledger recorded no launch or no gradient of layers.0.weight: {labels:#?}");
+    };
+    assert!(
+        first_launch < first_layer,
+        "the first reduce-scatter left after backward had reached the first layer: nothing overlapped \
+         ({labels:#?})"
+    );
+    // Never more than BUCKETS_IN_FLIGHT full buffers alive at once.
+    let mut alive: i64 = 0;
+    for label in labels {
+        alive += i64::from(label.ends_with("reduce-scattering"))
+            - i64::from(label.ends_with("flat gradient goes"));
+        assert!(alive as usize <= BUCKETS_IN_FLIGHT, "{alive} buckets in flight at `{label}`");
+    }
+    println!("first reduce-scatter at event {first_launch}, layers.0.weight's gradient at {first_layer}");
+}
