@@ -257,6 +257,23 @@ impl<M: Module> ShardGradOp<M> {
     /// parameters some rank used.
     fn finish(&self, backward: Result<(), DistError>) -> Result<(), DistError> {
         if let Some(message) = self.hooks.take_panic() {
+            // Leave the wrapper as before this backward (nothing armed, no
+            // bucket in flight or half-counted), then report the panic.
+            let mut state = self.lock();
+            state.armed = false;
+            let ledger = state.ledger.clone();
+            for (b, in_flight) in state.in_flight.drain(..) {
+                let label = format!("bucket {b}'s buffers, given up after a panic");
+                ledger.free(
+                    Holding::Gradients,
+                    tensor_bytes(&in_flight.flat) + tensor_bytes(&in_flight.shard),
+                    &label,
+                );
+            }
+            state.launched = 0;
+            let Backward { progress, layout, .. } = &mut *state;
+            progress.reset(layout);
+            drop(state);
             panic!("{message} (in a gradient-ready hook during backward)");
         }
         let mut state = self.lock();
