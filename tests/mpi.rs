@@ -41,5 +41,7 @@ mod ordered;
 mod shared_memory;
 #[path = "mpi/training.rs"]
 mod training;
+#[path = "mpi/zero2.rs"]
+mod zero2;
 #[path = "mpi/zero_copy.rs"]
 mod zero_copy;
