@@ -287,7 +287,10 @@ impl<M: Module> ShardGradOp<M> {
         }
         let (launched, count) = (state.launched, state.layout.len());
         if result.is_ok() && launched < count {
-            let detail = format!("only {launched} of {count} buckets left during backward");
+            let detail = format!(
+                "only {launched} of {count} buckets left during backward, though every parameter was \
+                 marked ready: the wrapper's bookkeeping is wrong, not your model; please report it"
+            );
             result = Err(DistError::Invalid { rank: state.pg.rank(), op: "ZeRO-2 backward".into(), detail });
         }
         state.launched = 0;
