@@ -23,7 +23,8 @@ use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::train::{
-    self, checkpoint, AdamW, CheckpointError, ConfigError, RankOutcome, ReplicasDiffer, TrainConfig,
+    self, checkpoint, AdamW, CheckpointError, ConfigError, RankOutcome, ReplicasDiffer, ShardingStrategy,
+    TrainConfig,
 };
 
 /// A run small enough for a debug build: 2 ranks, micro-batches of 4, 2 of
@@ -499,7 +500,10 @@ fn a_resume_refuses_every_setting_that_changes_the_numbers() {
     // Each setting flipped alone, and the words the refusal must contain.
     let flipped: Vec<(TrainConfig, &str)> = vec![
         (TrainConfig { bf16_gradients: true, ..base.clone() }, "grad_dtype: checkpoint f32, this run bf16"),
-        (TrainConfig { zero_stage: 1, ..base.clone() }, "zero_stage: checkpoint 0, this run 1"),
+        (
+            TrainConfig { shard: ShardingStrategy::Optimizer, ..base.clone() },
+            "shard: checkpoint none, this run optimizer",
+        ),
         (TrainConfig { device: Device::Cuda(0), ..base.clone() }, "device: checkpoint cpu, this run cuda"),
         (TrainConfig { bucket_cap_mb: 0.2, ..base.clone() }, "bucket_cap_mb: checkpoint 0.1, this run 0.2"),
         (TrainConfig { accum_steps: 1, ..base.clone() }, "accum_steps: checkpoint 2, this run 1"),

@@ -16,13 +16,14 @@ use ddp_workbook::dist;
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::Kind;
-use ddp_workbook::train::{self, AdamW, ConfigError, TrainConfig};
+use ddp_workbook::train::{self, AdamW, ConfigError, ShardingStrategy, TrainConfig};
 use train_runs::{run, scratch};
 
 /// The shared small run (12 steps, several buckets, shards that cross
 /// epoch boundaries) on `world_size` ranks, at this ZeRO stage.
 fn small_run(world_size: usize, zero_stage: usize) -> TrainConfig {
-    TrainConfig { world_size, zero_stage, ..train_runs::small_run() }
+    let shard = ShardingStrategy::from_zero_stage(zero_stage).expect("a ZeRO stage");
+    TrainConfig { world_size, shard, ..train_runs::small_run() }
 }
 
 #[test]
@@ -68,9 +69,9 @@ fn a_zero_1_checkpoint_resumes_with_zero_1_where_the_whole_run_ends_and_refuses_
     // the same bits here, but not on every backend, so the stage is a
     // setting a resume must match.
     run(&first);
-    let plain = TrainConfig { zero_stage: 0, ..rest };
+    let plain = TrainConfig { shard: ShardingStrategy::NoShard, ..rest };
     let refused = train::train(&plain, &|_| {}).map(|_| ()).expect_err("resumed with another ZeRO stage");
-    assert!(format!("{refused:#}").contains("zero_stage: checkpoint 1, this run 0"), "{refused:#}");
+    assert!(format!("{refused:#}").contains("shard: checkpoint optimizer, this run none"), "{refused:#}");
 
     // Control: a run that resumes from zeroed moments ends elsewhere (so the
     // gathered moments above are what made it exact).
@@ -161,10 +162,14 @@ fn zero_1_skips_a_parameter_as_plain_adamw_does_and_saves_its_step_count() {
 
 #[test]
 fn a_zero_stage_that_is_not_built_or_zero_with_bf16_is_refused_in_words() {
-    let stage_2 = train::train(&small_run(2, 2), &|_| {}).expect_err("ZeRO stage 2 is not built");
-    assert!(matches!(stage_2.downcast_ref(), Some(ConfigError::ZeroStage(2))), "{stage_2:#}");
-    assert!(stage_2.to_string().contains("--zero 1"), "{stage_2:#}");
-    let with_bf16 = TrainConfig { bf16_gradients: true, ..small_run(2, 1) };
-    let error = train::train(&with_bf16, &|_| {}).expect_err("--zero 1 with bf16 gradients");
-    assert!(matches!(error.downcast_ref(), Some(ConfigError::ZeroWithBf16)), "{error:#}");
+    let stage_2 = train::train(&small_run(2, 2), &|_| {}).expect_err("ZeRO stage 2 is not in the run");
+    assert!(matches!(stage_2.downcast_ref(), Some(ConfigError::GradOpNotBuilt)), "{stage_2:#}");
+    assert!(stage_2.to_string().contains("--shard full"), "{stage_2:#}");
+    let stage_4 = ShardingStrategy::from_zero_stage(4).expect_err("there is no ZeRO stage 4");
+    assert!(matches!(stage_4, ConfigError::ZeroStage(4)), "{stage_4}");
+    for sharded in [1, 3] {
+        let with_bf16 = TrainConfig { bf16_gradients: true, ..small_run(2, sharded) };
+        let error = train::train(&with_bf16, &|_| {}).expect_err("sharded with bf16 gradients");
+        assert!(matches!(error.downcast_ref(), Some(ConfigError::ZeroWithBf16(_))), "{error:#}");
+    }
 }

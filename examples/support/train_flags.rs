@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use ddp_workbook::ddp::micro_batch_size;
 use ddp_workbook::dist;
-use ddp_workbook::train::{default_threads_per_rank, TrainConfig};
+use ddp_workbook::train::{default_threads_per_rank, ShardingStrategy, TrainConfig};
 
 use crate::backends;
 
@@ -87,10 +87,17 @@ pub struct Args {
     /// 12's communication hook); the optimizer still steps in f32
     #[arg(long, value_enum, default_value_t = GradDtype::F32)]
     grad_dtype: GradDtype,
-    /// ZeRO stage: 0, plain DDP; 1, AdamW sharded over the ranks (chapter 11):
-    /// each keeps 1/N of its moments, the gradients are reduce-scattered
-    #[arg(long, default_value_t = TrainConfig::default().zero_stage)]
-    zero: usize,
+    /// What each rank keeps (PyTorch FSDP's ShardingStrategy): none, all of
+    /// it (NO_SHARD, DDP); optimizer, 1/N of AdamW's moments (ZeRO-1, chapter
+    /// 11); grad-op, also of the gradients (SHARD_GRAD_OP, ZeRO-2: not in the
+    /// run yet); full, also of the parameters (FULL_SHARD, FSDP, ZeRO-3),
+    /// with a sharded checkpoint that resumes on another world size
+    #[arg(long, value_enum, default_value_t = ShardArg::None, conflicts_with = "zero")]
+    shard: ShardArg,
+    /// ZeRO stage, the same choice by number: 0 is --shard none, 1 optimizer,
+    /// 2 grad-op, 3 full
+    #[arg(long)]
+    zero: Option<usize>,
 }
 // ANCHOR_END: flags
 
@@ -99,6 +106,14 @@ pub enum Backend {
     InProcess,
     Mpi,
     Nccl,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+pub enum ShardArg {
+    None,
+    Optimizer,
+    GradOp,
+    Full,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -167,7 +182,13 @@ impl Args {
             resume: self.resume,
             stop_after: self.stop_after,
             bf16_gradients: self.grad_dtype == GradDtype::Bf16,
-            zero_stage: self.zero,
+            shard: match (self.zero, self.shard) {
+                (Some(stage), _) => ShardingStrategy::from_zero_stage(stage)?,
+                (None, ShardArg::None) => ShardingStrategy::NoShard,
+                (None, ShardArg::Optimizer) => ShardingStrategy::Optimizer,
+                (None, ShardArg::GradOp) => ShardingStrategy::ShardGradOp,
+                (None, ShardArg::Full) => ShardingStrategy::FullShard,
+            },
             // The rank threads of the in-process backend share one GPU: on
             // its one default stream, each collective's kernels queue after
             // the backward kernels that wrote its gradients.

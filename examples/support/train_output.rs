@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use ddp_workbook::train::{Event, RankOutcome, TrainConfig};
+use ddp_workbook::train::{Event, RankOutcome, ShardingStrategy, TrainConfig};
 use indicatif::ProgressBar;
 
 // ANCHOR: on_event
@@ -23,8 +23,16 @@ pub fn report(bar: &ProgressBar, event: Event) {
                     config.world_size, config.batch_size, config.accum_steps, config.global_batch(),
                     config.threads_per_rank.map_or("default".to_string(), |t| t.to_string())
                 );
-                if config.zero_stage == 1 {
-                    println!("ZeRO-1: AdamW's moments sharded over the {} rank(s)", config.world_size);
+                match config.shard {
+                    ShardingStrategy::Optimizer => {
+                        println!("ZeRO-1: AdamW's moments sharded over the {} rank(s)", config.world_size)
+                    }
+                    ShardingStrategy::FullShard => println!(
+                        "FSDP (FULL_SHARD): parameters, gradients and AdamW's moments sharded over the {} \
+                         rank(s), each transformer block a unit",
+                        config.world_size
+                    ),
+                    _ => {}
                 }
                 if first_step > 1 {
                     println!("resuming after step {} from the checkpoint", first_step - 1);
@@ -50,10 +58,17 @@ pub fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f
         .collect();
     // Under MPI this process knows its own share only: rank 0's.
     let ranks = if outcomes.len() > 1 { format!("ranks 0..{}", outcomes.len()) } else { "rank 0".into() };
-    let sync = match config.zero_stage {
-        0 => format!("gradient sync took {} of the step time ({ranks})", sync_shares.join(", ")),
+    let sync = match config.shard {
+        ShardingStrategy::NoShard => {
+            format!("gradient sync took {} of the step time ({ranks})", sync_shares.join(", "))
+        }
         // The wrapper sent nothing: the optimizer's step reduce-scatters.
-        _ => "gradients reduce-scattered inside the optimizer's step (ZeRO-1, not timed apart)".into(),
+        ShardingStrategy::Optimizer | ShardingStrategy::ShardGradOp => {
+            "gradients reduce-scattered inside the optimizer's step (ZeRO-1, not timed apart)".into()
+        }
+        ShardingStrategy::FullShard => {
+            "gradients reduce-scattered in backward on FSDP's communication thread (not timed apart)".into()
+        }
     };
     println!(
         "{} steps in {wall_seconds:.1} s ({:.1} s in training steps) on {} rank(s): {:.0} tokens/s; {sync}",

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::checkpoint::{self, Checkpoint, CheckpointError, Setting};
+use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition, Setting};
 
 // ANCHOR: config
 /// Everything that defines a training run. `TrainConfig::default()` is the
@@ -52,12 +52,55 @@ pub struct TrainConfig {
     /// Send the gradients as bfloat16, half the bytes (chapter 12's
     /// `ddp::bf16_compress_hook`); `false`: in their own dtype.
     pub bf16_gradients: bool,
-    /// ZeRO stage: 0, plain DDP (every rank keeps all of AdamW's state); 1,
-    /// AdamW sharded over the ranks (`ddp::ShardedAdamW`, chapter 11): each
-    /// keeps 1/world_size of the moments, and the gradients are
-    /// reduce-scattered by the optimizer instead of all-reduced by the wrapper.
-    pub zero_stage: usize,
+    /// What each rank keeps of the model's state ([`ShardingStrategy`],
+    /// `--shard`): everything (DDP), or its shard of AdamW's state (ZeRO-1),
+    /// or of the parameters, gradients and state (FSDP's `FULL_SHARD`).
+    pub shard: ShardingStrategy,
 }
+
+// ANCHOR: sharding_strategy
+/// What each rank keeps, named after PyTorch FSDP's `ShardingStrategy`
+/// (and ZeRO's stages, which `--zero N` still selects).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardingStrategy {
+    /// `NO_SHARD`, ZeRO-0: plain DDP, every rank holds everything.
+    NoShard,
+    /// ZeRO-1: AdamW sharded over the ranks (`ddp::ShardedAdamW`, chapter
+    /// 11): each keeps 1/world_size of the moments; the optimizer
+    /// reduce-scatters the gradients instead of the wrapper all-reducing them.
+    Optimizer,
+    /// `SHARD_GRAD_OP`, ZeRO-2: gradients and optimizer state sharded
+    /// (chapter 13). Not in the training run yet: refused in words.
+    ShardGradOp,
+    /// `FULL_SHARD`, ZeRO-3: parameters, gradients and optimizer state
+    /// sharded (`ddp::FullyShard`, each transformer block a unit);
+    /// checkpoints are sharded too, one file per rank.
+    FullShard,
+}
+
+impl ShardingStrategy {
+    /// The word of `--shard` (and of the checkpoint's `shard` setting).
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardingStrategy::NoShard => "none",
+            ShardingStrategy::Optimizer => "optimizer",
+            ShardingStrategy::ShardGradOp => "grad-op",
+            ShardingStrategy::FullShard => "full",
+        }
+    }
+
+    /// `--zero N`, the older flag: ZeRO stage N.
+    pub fn from_zero_stage(stage: usize) -> Result<ShardingStrategy, ConfigError> {
+        match stage {
+            0 => Ok(ShardingStrategy::NoShard),
+            1 => Ok(ShardingStrategy::Optimizer),
+            2 => Ok(ShardingStrategy::ShardGradOp),
+            3 => Ok(ShardingStrategy::FullShard),
+            other => Err(ConfigError::ZeroStage(other)),
+        }
+    }
+}
+// ANCHOR_END: sharding_strategy
 
 impl Default for TrainConfig {
     fn default() -> Self {
@@ -81,7 +124,7 @@ impl Default for TrainConfig {
             threads_per_rank: Some(default_threads_per_rank(2)),
             device: tch::Device::Cpu,
             bf16_gradients: false,
-            zero_stage: 0,
+            shard: ShardingStrategy::NoShard,
         }
     }
 }
@@ -118,14 +161,26 @@ pub enum ConfigError {
     #[error("{0}")]
     Timeout(String),
     #[error(
-        "ZeRO stage {0} is not built: use --zero 0 (plain DDP) or --zero 1 (AdamW sharded over the ranks)"
+        "there is no ZeRO stage {0}: use --zero 0 (plain DDP), 1 (AdamW sharded over the ranks) or 3 \
+         (FSDP), or --shard none|optimizer|full"
     )]
     ZeroStage(usize),
     #[error(
-        "--zero 1 and --grad-dtype bf16 do not go together: bf16 is a hook on the wrapper's all-reduce, \
-         and under ZeRO-1 the optimizer reduce-scatters the gradients instead; drop one of the two"
+        "--shard grad-op (ZeRO-2, FSDP's SHARD_GRAD_OP) is not in the training run yet: use --shard \
+         optimizer (ZeRO-1) to shard AdamW's state, or --shard full (FSDP) to shard the gradients and \
+         parameters too"
     )]
-    ZeroWithBf16,
+    GradOpNotBuilt,
+    #[error(
+        "--shard {0} and --grad-dtype bf16 do not go together: bf16 is a hook on the DDP wrapper's \
+         all-reduce, and when sharded the gradients are reduce-scattered instead; drop one of the two"
+    )]
+    ZeroWithBf16(&'static str),
+    #[error(
+        "--shard full runs on the CPU only (FSDP frees a unit's parameters by resizing their \
+         storage, which this library does on the CPU): drop --device cuda or use another --shard"
+    )]
+    FullShardOnGpu,
 }
 
 impl TrainConfig {
@@ -167,10 +222,14 @@ impl TrainConfig {
                 return Err(ConfigError::NotPositive { name, value });
             }
         }
-        match (self.zero_stage, self.bf16_gradients) {
-            (0 | 1, false) | (0, true) => {}
-            (1, true) => return Err(ConfigError::ZeroWithBf16),
-            (stage, _) => return Err(ConfigError::ZeroStage(stage)),
+        match (self.shard, self.bf16_gradients) {
+            (ShardingStrategy::ShardGradOp, _) => return Err(ConfigError::GradOpNotBuilt),
+            (ShardingStrategy::NoShard, _) => {}
+            (other, true) => return Err(ConfigError::ZeroWithBf16(other.name())),
+            (_, false) => {}
+        }
+        if self.shard == ShardingStrategy::FullShard && self.device != tch::Device::Cpu {
+            return Err(ConfigError::FullShardOnGpu);
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return Err(ConfigError::NegativeDecay(self.weight_decay));
@@ -240,7 +299,7 @@ impl TrainConfig {
             threads_per_rank,
             device,
             bf16_gradients,
-            zero_stage,
+            shard,
         } = self;
         let int = |name: &str, v: usize| (name.to_string(), Setting::Int(v as i64));
         let float = |name: &str, v: f64| (name.to_string(), Setting::Float(v));
@@ -267,7 +326,7 @@ impl TrainConfig {
             text("device", &device),
             // The gradients' dtype on the wire: the comm hook the run registers.
             text("grad_dtype", if *bf16_gradients { "bf16" } else { "f32" }),
-            int("zero_stage", *zero_stage),
+            text("shard", shard.name()),
         ]
     }
 
@@ -276,7 +335,14 @@ impl TrainConfig {
     /// the run has finished, and a resume would run no step and succeed on
     /// whatever the file holds.
     pub fn fits(&self, saved: &Checkpoint, path: &Path) -> Result<(), CheckpointError> {
-        saved.check_settings(path, &self.settings())?;
+        let mut expected = self.settings();
+        if self.shard == ShardingStrategy::FullShard {
+            // A sharded checkpoint is put back together and resharded: it
+            // may resume on another world size, with the same global batch.
+            expected.retain(|(name, _)| name != "world_size" && name != "batch_size");
+        }
+        saved.check_settings(path, &expected)?;
+        self.resumed_position(saved, path)?;
         let step = saved.progress.step;
         if step as usize == self.steps {
             return Err(CheckpointError::Finished { path: path.to_path_buf(), step: self.steps });
@@ -290,5 +356,56 @@ impl TrainConfig {
             return Err(CheckpointError::Invalid { path: path.to_path_buf(), detail });
         }
         Ok(())
+    }
+
+    /// Where this run's ranks continue in their shards of the data after
+    /// `saved`: its own position, or, resumed on another world size, the
+    /// same place in the epoch's order (rank r's shard holds every
+    /// world_size-th index of it, so `position` rows of each of W shards
+    /// are the first `position x W` of the epoch). That needs the same
+    /// global batch per step, and a data set that no world size pads.
+    pub fn resumed_position(&self, saved: &Checkpoint, path: &Path) -> Result<LoopPosition, CheckpointError> {
+        let int = |name: &str| match saved.settings.iter().find(|(n, _)| n == name) {
+            Some((_, Setting::Int(v))) => Ok(*v as usize),
+            _ => Err(CheckpointError::Invalid {
+                path: path.to_path_buf(),
+                detail: format!("it has no `{name}` setting"),
+            }),
+        };
+        let (world, batch) = (int("world_size")?, int("batch_size")?);
+        if (world, batch) == (self.world_size, self.batch_size) {
+            return Ok(saved.progress);
+        }
+        let differ = |detail: String| CheckpointError::SettingsDiffer { path: path.to_path_buf(), detail };
+        let saved_global = world * batch * self.accum_steps;
+        if saved_global != self.global_batch() {
+            let per_rank = saved_global / (self.accum_steps * self.world_size).max(1);
+            return Err(differ(format!(
+                "global batch: checkpoint {saved_global} ({world} rank(s) x batch {batch} x {} \
+                 micro-batches), this run {}; on {} rank(s) keep it with --batch-size {per_rank}, \
+                 or --global-batch-size {saved_global}",
+                self.accum_steps,
+                self.global_batch(),
+                self.world_size
+            )));
+        }
+        let n = self.train_sequences;
+        if !n.is_multiple_of(world) || !n.is_multiple_of(self.world_size) {
+            return Err(differ(format!(
+                "train_sequences {n} is not a multiple of both world sizes ({world} and {}): the \
+                 sampler pads each epoch to a multiple of the world size, so the epochs would hold \
+                 other sequences; resume on {world} rank(s)",
+                self.world_size
+            )));
+        }
+        let taken = saved.progress.position as usize * world; // of this epoch's order
+        if !taken.is_multiple_of(self.world_size) {
+            return Err(differ(format!(
+                "the checkpoint stopped {taken} sequences into its epoch, which {} rank(s) cannot \
+                 split evenly; resume on {world} rank(s)",
+                self.world_size
+            )));
+        }
+        Ok(LoopPosition { position: (taken / self.world_size) as i64, ..saved.progress })
     }
 }

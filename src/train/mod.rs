@@ -10,7 +10,8 @@
 //! - `run.rs`: what every rank does, step by step ([`train_rank`]), and one
 //!   rank of a launched job ([`train_as_process`]);
 //! - `adamw.rs`: AdamW with its state in named tensors, so it can be saved;
-//! - `run_optimizer.rs`: that AdamW, or with `--zero 1` the library's sharded one (ZeRO-1);
+//! - `run_optimizer.rs`: that AdamW, or with `--shard optimizer` the library's sharded one (ZeRO-1);
+//! - `run_fsdp.rs`: a rank of the run with `--shard full`: FSDP (ZeRO-3), sharded checkpoints;
 //! - `checkpoint/`: the checkpoint file, how it is read and how it is written
 //!   (checked first, atomically, the previous one kept);
 //! - `resume.rs`: on `--resume`, rank 0 reads it and the others receive it;
@@ -31,13 +32,14 @@ mod outcome;
 mod phases;
 mod resume;
 mod run;
+mod run_fsdp;
 mod run_optimizer;
 
 pub use crate::ddp::AdamWUpdate; // the AdamW arithmetic, in the library for its ZeRO-1 optimizer
 pub use adamw::AdamW;
 pub use agreement::{check_replicas_agree, check_settings_agree, ReplicasDiffer, SettingsDifferAcrossRanks};
 pub use checkpoint::{Checkpoint, CheckpointError, LoopPosition, SaveStep, Setting};
-pub use config::{default_threads_per_rank, ConfigError, TrainConfig};
+pub use config::{default_threads_per_rank, ConfigError, ShardingStrategy, TrainConfig};
 #[cfg(feature = "nccl")]
 pub use gpu::{train_as_gpu_process, train_on_gpus};
 pub use outcome::{Evaluation, Event, RankOutcome};

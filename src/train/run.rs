@@ -43,14 +43,14 @@ pub fn lr_at(config: &TrainConfig, step: usize) -> f64 {
 
 /// Where this rank is in its stream of examples: its shard of the current
 /// epoch and the position of the next micro-batch in it.
-struct ShardCursor {
-    sampler: DistributedSampler,
+pub(super) struct ShardCursor {
+    pub(super) sampler: DistributedSampler,
     shard: Vec<i64>,
-    position: usize,
+    pub(super) position: usize,
 }
 
 impl ShardCursor {
-    fn new(mut sampler: DistributedSampler, epoch: u64, position: usize) -> ShardCursor {
+    pub(super) fn new(mut sampler: DistributedSampler, epoch: u64, position: usize) -> ShardCursor {
         sampler.set_epoch(epoch);
         let shard = sampler.indices();
         ShardCursor { sampler, shard, position }
@@ -58,7 +58,7 @@ impl ShardCursor {
 
     /// The next `len` example indices. An epoch's tail shorter than `len` is
     /// skipped; every rank's shard has the same length, so all skip alike.
-    fn next_micro_batch(&mut self, len: usize) -> &[i64] {
+    pub(super) fn next_micro_batch(&mut self, len: usize) -> &[i64] {
         if self.position + len > self.shard.len() {
             self.sampler.set_epoch(self.sampler.epoch() + 1); // a new shuffle, the same on every rank
             self.shard = self.sampler.indices();
@@ -70,7 +70,11 @@ impl ShardCursor {
 }
 
 /// Inputs, targets and mask of the sequences at `indices` of `task`, on `device`.
-fn micro_batch(task: &TokenTask, indices: &[i64], device: tch::Device) -> (Tensor, Tensor, Tensor) {
+pub(super) fn micro_batch(
+    task: &TokenTask,
+    indices: &[i64],
+    device: tch::Device,
+) -> (Tensor, Tensor, Tensor) {
     let picked = TokenTask { sequences: rows(&task.sequences, indices), ..*task };
     on_device(picked.batch(0, indices.len() as i64), device) // [len, seq_len] each
 }
@@ -108,6 +112,9 @@ pub fn train_rank(
 ) -> anyhow::Result<RankOutcome> {
     if let Some(threads) = config.threads_per_rank {
         tch::set_num_threads(threads as i32); // ranks share the cores: do not oversubscribe them
+    }
+    if config.shard == super::ShardingStrategy::FullShard {
+        return super::run_fsdp::train_rank_fsdp(pg, config, on_event); // FSDP: run_fsdp.rs
     }
     let rank = pg.rank();
     // Ranks that parsed their own flags must agree on every setting that
@@ -317,7 +324,7 @@ fn agreed_state(
 /// The checkpoint file if one is due after `step`: every `checkpoint_every`
 /// steps, after the last step of the run, and at the step an interrupted run
 /// stops at (else `--resume` would quietly restart from an older one).
-fn checkpoint_due(config: &TrainConfig, step: usize) -> Option<&std::path::Path> {
+pub(super) fn checkpoint_due(config: &TrainConfig, step: usize) -> Option<&std::path::Path> {
     let every = config.checkpoint_every;
     let last = config.stop_after.unwrap_or(config.steps);
     let due = step == last || (every > 0 && step.is_multiple_of(every));

@@ -1,4 +1,4 @@
-//! The training run's optimizer: AdamW whole on every rank (plain DDP), or AdamW sharded over the ranks (`--zero 1`, the library's
+//! The training run's optimizer: AdamW whole on every rank (plain DDP), or AdamW sharded over the ranks (`--shard optimizer`, the library's
 //! `ShardedAdamW`, ZeRO stage 1). The run drives both the same way; what
 //! differs is who averages the gradients (the wrapper's all-reduce, or the
 //! optimizer's reduce-scatter) and who can see the whole state (every rank,
@@ -7,7 +7,7 @@
 use tch::TchError;
 
 use super::adamw::AdamW;
-use super::config::TrainConfig;
+use super::config::{ShardingStrategy, TrainConfig};
 use crate::ddp::{
     BucketCaps, Named, ShardedAdamW, SimpleDistributedDataParallelism, StepOptimizer, UnusedParameters,
 };
@@ -21,7 +21,7 @@ pub(super) enum RunOptimizer {
 }
 
 impl RunOptimizer {
-    /// `config.zero_stage` 0: AdamW whole on every rank. 1: AdamW sharded
+    /// `--shard none`: AdamW whole on every rank. `optimizer`: AdamW sharded
     /// over the ranks, on buckets planned with the same caps.
     pub(super) fn new(
         ddp: &SimpleDistributedDataParallelism<Gpt>,
@@ -29,8 +29,8 @@ impl RunOptimizer {
         caps: BucketCaps,
     ) -> Result<RunOptimizer, DistError> {
         let (lr, decay) = (config.lr, config.weight_decay);
-        Ok(match config.zero_stage {
-            0 => RunOptimizer::Plain(AdamW::new(ddp.parameters(), lr, decay)),
+        Ok(match config.shard {
+            ShardingStrategy::NoShard => RunOptimizer::Plain(AdamW::new(ddp.parameters(), lr, decay)),
             _ => {
                 let pg = ddp.process_group().clone();
                 RunOptimizer::Sharded(ShardedAdamW::new(ddp.parameters(), pg, caps, lr, decay)?)

@@ -860,4 +860,18 @@ impl FsdpAdamW {
         }
         Ok(())
     }
+
+    /// This rank's state, in the order of [`FullyShard::sharded_parameters`]:
+    /// per parameter its step count and the moments of its rows, flat
+    /// (handles on the state itself: what a sharded checkpoint saves).
+    pub fn shard_state(&self) -> Vec<(i64, Tensor, Tensor)> {
+        let each = self.steps.iter().zip(&self.moments);
+        each.map(|(&step, (m, v))| (step, m.shallow_clone(), v.shallow_clone())).collect()
+    }
+
+    /// Restores [`shard_state`](Self::shard_state)'s step counts; the
+    /// moments are restored by copying into the tensors it returns.
+    pub fn set_steps(&mut self, steps: &[i64]) {
+        self.steps.iter_mut().zip(steps).for_each(|(mine, &saved)| *mine = saved);
+    }
 }

@@ -17,10 +17,12 @@
 //! | --- | --- |
 //! | `file.rs` | the file's contents, [`load`] and [`from_bytes`], and their errors |
 //! | `saving.rs` | [`save`]: checked first, written atomically, the previous one kept |
+//! | `sharded.rs` | the sharded checkpoint of `--shard full`: one file per rank, and the layout that puts them back together |
 //! | `weights.rs` | [`load_model_weights`]: a checkpoint's, or a PyTorch `state_dict`'s, weights into a model |
 
 mod file;
 mod saving;
+pub mod sharded;
 mod weights;
 
 pub use file::{
