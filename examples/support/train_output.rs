@@ -17,8 +17,10 @@ pub fn report(bar: &ProgressBar, event: Event) {
             bar.set_length(last_step as u64);
             bar.set_position(first_step as u64 - 1);
             bar.suspend(|| {
+                // Under FSDP the units take the buckets' place.
+                let groups = if config.shard == ShardingStrategy::FullShard { "FSDP unit(s)" } else { "bucket(s)" };
                 println!(
-                    "tiny GPT, {parameters} parameters in {buckets} bucket(s); {} rank(s) x {} sequences x {} \
+                    "tiny GPT, {parameters} parameters in {buckets} {groups}; {} rank(s) x {} sequences x {} \
                      micro-batch(es) = global batch {}; libtorch threads per rank: {}",
                     config.world_size, config.batch_size, config.accum_steps, config.global_batch(),
                     config.threads_per_rank.map_or("default".to_string(), |t| t.to_string())

@@ -16,6 +16,7 @@ pub enum Event<'a> {
         first_step: usize,
         last_step: usize,
         parameters: i64,
+        /// The DDP wrapper's buckets; under `--shard full`, FSDP's units.
         buckets: usize,
         config: &'a TrainConfig,
     },
