@@ -14,7 +14,7 @@ use tch::Device;
 
 use super::config::TrainConfig;
 use super::outcome::{Event, RankOutcome};
-use super::run::{train_as_process, train_rank};
+use super::rank::{train_as_process, train_rank};
 use crate::dist::{nccl, Group};
 
 /// Runs `config` on `config.world_size` ranks, rank r on GPU `cuda:r`,

@@ -7,8 +7,9 @@
 //!
 //! - this file: [`train`], which spawns the ranks;
 //! - `config.rs`: the run's settings ([`TrainConfig`]) and their checks;
-//! - `run.rs`: what every rank does, step by step ([`train_rank`]), and one
-//!   rank of a launched job ([`train_as_process`]);
+//! - `rank.rs`: which loop a rank runs ([`train_rank`]), and one rank of a
+//!   launched job ([`train_as_process`]);
+//! - `run.rs`: what every rank does, step by step, when each holds the whole model;
 //! - `adamw.rs`: AdamW with its state in named tensors, so it can be saved;
 //! - `run_optimizer.rs`: that AdamW, or with `--shard optimizer` the library's sharded one (ZeRO-1);
 //! - `run_fsdp.rs`: a rank of the run with `--shard full`: FSDP (ZeRO-3), sharded checkpoints;
@@ -30,6 +31,7 @@ mod config;
 mod gpu;
 mod outcome;
 mod phases;
+mod rank;
 mod resume;
 mod run;
 mod run_fsdp;
@@ -44,7 +46,8 @@ pub use config::{default_threads_per_rank, ConfigError, ShardingStrategy, TrainC
 pub use gpu::{train_as_gpu_process, train_on_gpus};
 pub use outcome::{Evaluation, Event, RankOutcome};
 pub use phases::StepPhases;
-pub use run::{build_model, evaluate, lr_at, train_as_process, train_rank, wrap_model};
+pub use rank::{train_as_process, train_rank};
+pub use run::{build_model, evaluate, lr_at, wrap_model};
 
 // ANCHOR: train
 /// Runs `config` on `config.world_size` in-process ranks and returns every

@@ -13,7 +13,6 @@ use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition};
 use super::config::TrainConfig;
 use super::outcome::{Evaluation, Event, RankOutcome};
 use super::phases::{Phase, PhaseClock};
-use super::resume::validate_as_process;
 use super::run_optimizer::RunOptimizer;
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
@@ -87,35 +86,15 @@ fn on_device(
     (inputs.to_device(device), targets.to_device(device), mask.to_device(device))
 }
 
-/// One rank's run as a process of a launched job (the MPI backend): the
-/// world size is the group's, whatever `config` says. Returns this rank's
-/// outcome; rank 0 alone reports events and writes checkpoints.
-pub fn train_as_process(
-    pg: crate::dist::Group,
-    config: &TrainConfig,
-    on_event: &(dyn Fn(Event) + Sync),
-) -> anyhow::Result<RankOutcome> {
-    let config = TrainConfig { world_size: pg.world_size(), ..config.clone() };
-    // The checkpoint file is rank 0's: the others may run on machines that
-    // cannot see it. Every rank returns rank 0's verdict on it.
-    validate_as_process(pg.as_ref(), &config)?;
-    train_rank(pg, &config, on_event)
-}
-
 // ANCHOR: train_rank
-/// One rank's whole run: build the replica (or restore it from the
-/// checkpoint), wrap it, then step through its shard of the data.
-pub fn train_rank(
+/// One rank's whole run with every replica whole (`--shard none` or
+/// `optimizer`): build the replica (or restore it from the checkpoint),
+/// wrap it, then step through its shard of the data.
+pub(super) fn train_replicated_rank(
     pg: Group,
     config: &TrainConfig,
     on_event: &(dyn Fn(Event) + Sync),
 ) -> anyhow::Result<RankOutcome> {
-    if let Some(threads) = config.threads_per_rank {
-        tch::set_num_threads(threads as i32); // ranks share the cores: do not oversubscribe them
-    }
-    if config.shard == super::ShardingStrategy::FullShard {
-        return super::run_fsdp::train_rank_fsdp(pg, config, on_event); // FSDP: run_fsdp.rs
-    }
     let rank = pg.rank();
     // Ranks that parsed their own flags must agree on every setting that
     // changes the numbers, before a step can make their replicas drift.

@@ -23,7 +23,7 @@ use crate::ddp::{shard_rows, DistributedSampler, FsdpAdamW, FsdpOptions, FullySh
 use crate::dist::{Group, ReduceOp};
 use crate::models::{named_buffers, named_parameters};
 
-/// [`train_rank`](super::train_rank) for `ShardingStrategy::FullShard`.
+/// One rank's whole run under `ShardingStrategy::FullShard`.
 pub(super) fn train_rank_fsdp(
     pg: Group,
     config: &TrainConfig,
