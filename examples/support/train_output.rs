@@ -80,11 +80,20 @@ pub fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f
         rank0.tokens_per_second,
     );
     // The run compared every rank's final state before it returned (it fails otherwise).
-    println!(
-        "replicas: bitwise equal on all {} rank(s), fingerprint {:#018x} (of the final state: weights, \
-         optimizer state, progress)",
-        config.world_size, rank0.fingerprint
-    );
+    if config.shard == ShardingStrategy::FullShard {
+        // No rank holds a replica: the state is gathered from the shards.
+        println!(
+            "shards gathered: fingerprint {:#018x} (of the final state: weights, optimizer state, \
+             progress; the same on all {} rank(s))",
+            rank0.fingerprint, config.world_size
+        );
+    } else {
+        println!(
+            "replicas: bitwise equal on all {} rank(s), fingerprint {:#018x} (of the final state: weights, \
+             optimizer state, progress)",
+            config.world_size, rank0.fingerprint
+        );
+    }
     let eval = rank0.evaluation.expect("rank 0 evaluates");
     if rank0.last_step < config.steps {
         println!(
