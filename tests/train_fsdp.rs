@@ -186,6 +186,13 @@ fn a_bad_sharded_checkpoint_or_another_strategy_is_refused_in_words() {
     );
     // A shard file of another save.
     run(&first); // a fresh, whole set
+                 // Whose weights load into a bare model, put back together: those one
+                 // process reaches in the same 4 steps.
+    let (vs, _) = build_model(&reshard_run(2), &TokenTask::standard(1337, 72));
+    checkpoint::load_model_weights(&vs, &path).expect("the sharded checkpoint's weights load");
+    let loaded =
+        max_reference_diff(&named_parameters(&vs), &one_process(&[2; 4])[..named_parameters(&vs).len()]);
+    assert_eq!(loaded, 0.0, "the weights put back together are not those of step 4");
     let older = dir.join("older.ckpt");
     run(&TrainConfig { checkpoint: Some(older.clone()), stop_after: Some(2), ..reshard_run(2) });
     std::fs::copy(sharded::shard_path(&older, 0, 2), sharded::shard_path(&path, 0, 2)).unwrap();

@@ -1,6 +1,6 @@
 //! A model's weights from a file, outside the training loop
 //! ([`load_model_weights`]): either a training checkpoint of this crate (its `model.<name>` entries,
-//! checksum checked) or a PyTorch `state_dict` saved with safetensors, e.g.
+//! checksum checked; a sharded one's put back together from its shard files) or a PyTorch `state_dict` saved with safetensors, e.g.
 //! `safetensors.torch.save_file(model.state_dict(), "gpt.safetensors")` of
 //! the twin in scripts/torch/models.py, whose names are the model's own.
 
@@ -28,7 +28,12 @@ fn model_tensors(path: &Path) -> Result<Vec<Named>, CheckpointError> {
     // Any checkpoint name makes it a checkpoint, read (and checked) as one:
     // a checkpoint that lost its checksum must not pass for a state_dict.
     if names.iter().any(|name| CHECKPOINT_PREFIXES.iter().any(|prefix| name.starts_with(prefix))) {
-        return Ok(from_bytes(path, &bytes)?.model);
+        let saved = from_bytes(path, &bytes)?;
+        if super::sharded::is_sharded(&saved) {
+            // The layout of a sharded checkpoint: the weights are in its shard files.
+            return Ok(super::sharded::consolidate(path, &saved)?.model);
+        }
+        return Ok(saved.model);
     }
     if let Some(wrapped) = names.iter().find(|name| name.starts_with("module.")) {
         let detail = format!(
