@@ -89,8 +89,8 @@ pub struct Args {
     grad_dtype: GradDtype,
     /// What each rank keeps (PyTorch FSDP's ShardingStrategy): none, all of
     /// it (NO_SHARD, DDP); optimizer, 1/N of AdamW's moments (ZeRO-1, chapter
-    /// 11); grad-op, also of the gradients (SHARD_GRAD_OP, ZeRO-2: not in the
-    /// run yet); full, also of the parameters (FULL_SHARD, FSDP, ZeRO-3),
+    /// 11); grad-op, also of the gradients (SHARD_GRAD_OP, ZeRO-2, chapter
+    /// 13); full, also of the parameters (FULL_SHARD, FSDP, ZeRO-3),
     /// with a sharded checkpoint that resumes on another world size
     #[arg(long, value_enum, default_value_t = ShardArg::None, conflicts_with = "zero")]
     shard: ShardArg,

@@ -29,6 +29,10 @@ pub fn report(bar: &ProgressBar, event: Event) {
                     ShardingStrategy::Optimizer => {
                         println!("ZeRO-1: AdamW's moments sharded over the {} rank(s)", config.world_size)
                     }
+                    ShardingStrategy::ShardGradOp => println!(
+                        "ZeRO-2 (SHARD_GRAD_OP): gradients and AdamW's moments sharded over the {} rank(s)",
+                        config.world_size
+                    ),
                     ShardingStrategy::FullShard => println!(
                         "FSDP (FULL_SHARD): parameters, gradients and AdamW's moments sharded over the {} \
                          rank(s), each transformer block a unit",
@@ -65,8 +69,11 @@ pub fn summarise(config: &TrainConfig, outcomes: &[RankOutcome], wall_seconds: f
             format!("gradient sync took {} of the step time ({ranks})", sync_shares.join(", "))
         }
         // The wrapper sent nothing: the optimizer's step reduce-scatters.
-        ShardingStrategy::Optimizer | ShardingStrategy::ShardGradOp => {
+        ShardingStrategy::Optimizer => {
             "gradients reduce-scattered inside the optimizer's step (ZeRO-1, not timed apart)".into()
+        }
+        ShardingStrategy::ShardGradOp => {
+            "gradients reduce-scattered bucket by bucket during backward (ZeRO-2, not timed apart)".into()
         }
         ShardingStrategy::FullShard => {
             "gradients reduce-scattered in backward on FSDP's communication thread (not timed apart)".into()

@@ -70,7 +70,8 @@ pub enum ShardingStrategy {
     /// reduce-scatters the gradients instead of the wrapper all-reducing them.
     Optimizer,
     /// `SHARD_GRAD_OP`, ZeRO-2: gradients and optimizer state sharded
-    /// (chapter 13). Not in the training run yet: refused in words.
+    /// (`ddp::ShardGradOp`, chapter 13): each bucket's gradients are
+    /// reduce-scattered during backward; checkpoints gather the moments.
     ShardGradOp,
     /// `FULL_SHARD`, ZeRO-3: parameters, gradients and optimizer state
     /// sharded (`ddp::FullyShard`, each transformer block a unit);
@@ -161,16 +162,10 @@ pub enum ConfigError {
     #[error("{0}")]
     Timeout(String),
     #[error(
-        "there is no ZeRO stage {0}: use --zero 0 (plain DDP), 1 (AdamW sharded over the ranks) or 3 \
-         (FSDP), or --shard none|optimizer|full"
+        "there is no ZeRO stage {0}: use --zero 0 (plain DDP), 1 (AdamW sharded over the ranks), 2 \
+         (gradients too) or 3 (FSDP), or --shard none|optimizer|grad-op|full"
     )]
     ZeroStage(usize),
-    #[error(
-        "--shard grad-op (ZeRO-2, FSDP's SHARD_GRAD_OP) is not in the training run yet: use --shard \
-         optimizer (ZeRO-1) to shard AdamW's state, or --shard full (FSDP) to shard the gradients and \
-         parameters too"
-    )]
-    GradOpNotBuilt,
     #[error(
         "--shard {0} and --grad-dtype bf16 do not go together: bf16 is a hook on the DDP wrapper's \
          all-reduce, and when sharded the gradients are reduce-scattered instead; drop one of the two"
@@ -223,7 +218,6 @@ impl TrainConfig {
             }
         }
         match (self.shard, self.bf16_gradients) {
-            (ShardingStrategy::ShardGradOp, _) => return Err(ConfigError::GradOpNotBuilt),
             (ShardingStrategy::NoShard, _) => {}
             (other, true) => return Err(ConfigError::ZeroWithBf16(other.name())),
             (_, false) => {}

@@ -12,6 +12,7 @@
 //! - `run.rs`: what every rank does, step by step, when each holds the whole model;
 //! - `adamw.rs`: AdamW with its state in named tensors, so it can be saved;
 //! - `run_optimizer.rs`: that AdamW, or with `--shard optimizer` the library's sharded one (ZeRO-1);
+//! - `run_grad_op.rs`: a rank of the run with `--shard grad-op`: ZeRO-2 (`ShardGradOp`);
 //! - `run_fsdp.rs`: a rank of the run with `--shard full`: FSDP (ZeRO-3), sharded checkpoints;
 //! - `checkpoint/`: the checkpoint file, how it is read and how it is written
 //!   (checked first, atomically, the previous one kept);
@@ -35,6 +36,7 @@ mod rank;
 mod resume;
 mod run;
 mod run_fsdp;
+mod run_grad_op;
 mod run_optimizer;
 
 pub use crate::ddp::AdamWUpdate; // the AdamW arithmetic, in the library for its ZeRO-1 optimizer

@@ -1,5 +1,6 @@
 //! Which loop a rank runs: the replicated one (`run.rs`: plain DDP, or
-//! ZeRO-1) or FSDP's (`run_fsdp.rs`, `--shard full`), in-process
+//! ZeRO-1), ZeRO-2's (`run_grad_op.rs`, `--shard grad-op`) or FSDP's
+//! (`run_fsdp.rs`, `--shard full`), in-process
 //! ([`train_rank`]) or as one process of a launched job ([`train_as_process`]).
 
 use super::config::{ShardingStrategy, TrainConfig};
@@ -7,6 +8,7 @@ use super::outcome::{Event, RankOutcome};
 use super::resume::validate_as_process;
 use super::run::train_replicated_rank;
 use super::run_fsdp::train_rank_fsdp;
+use super::run_grad_op::train_rank_grad_op;
 use crate::dist::Group;
 
 /// One rank's whole run, with `config.shard`'s loop.
@@ -20,6 +22,7 @@ pub fn train_rank(
     }
     match config.shard {
         ShardingStrategy::FullShard => train_rank_fsdp(pg, config, on_event),
+        ShardingStrategy::ShardGradOp => train_rank_grad_op(pg, config, on_event),
         _ => train_replicated_rank(pg, config, on_event),
     }
 }

@@ -275,7 +275,7 @@ pub fn wrap_model(
 /// The model's parameters, then its buffers: what a checkpoint saves of
 /// it, on the CPU (a copy when the model is on a GPU; the same tensors
 /// when it is not).
-fn model_tensors(vs: &tch::nn::VarStore) -> Vec<Named> {
+pub(super) fn model_tensors(vs: &tch::nn::VarStore) -> Vec<Named> {
     let on_cpu = |(name, t): Named| (name, t.to_device(tch::Device::Cpu));
     named_parameters(vs).into_iter().chain(named_buffers(vs)).map(on_cpu).collect()
 }

@@ -421,6 +421,93 @@ impl<M: Module> ShardGradOp<M> {
     pub fn bucket_numels(&self) -> Vec<usize> {
         self.buckets.iter().map(|b| b.numel).collect()
     }
+
+    /// The learning rate of the next step.
+    pub fn lr(&self) -> f64 {
+        self.settings.lr
+    }
+
+    /// Sets the learning rate of the next step (a schedule's warm-up, decay).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.settings.lr = lr;
+    }
+
+    /// The whole AdamW state, on every rank, by `AdamW::state`'s names
+    /// (`step`; `exp_avg.<name>`, `exp_avg_sq.<name>` in the parameter's
+    /// shape, `step.<name>`), as `ShardedAdamW::gathered_state` returns it,
+    /// so that a checkpoint of either resumes the other. A collective.
+    pub fn gathered_state(&self) -> Result<Vec<Named>, DistError> {
+        let state = self.lock();
+        let pg = state.pg.as_ref();
+        let mut out = vec![("step".to_string(), Tensor::from_slice(&[self.step]))];
+        for ((name, _), count) in state.params.iter().zip(&self.param_steps) {
+            out.push((format!("step.{name}"), Tensor::from_slice(&[*count])));
+        }
+        for bucket in &self.buckets {
+            for (prefix, shard) in [("exp_avg", &bucket.exp_avg), ("exp_avg_sq", &bucket.exp_avg_sq)] {
+                let shards = pg.all_gather(shard)?; // world_size x [len], in rank order
+                let whole =
+                    Tensor::f_cat(&shards, 0).map_err(torch_error(pg, "joining the gathered moments"))?;
+                let mut offset = 0;
+                for &i in &bucket.members {
+                    let (name, param) = &state.params[i];
+                    let numel = param.numel() as i64;
+                    let moment = whole.narrow(0, offset, numel).reshape(param.size());
+                    out.push((format!("{prefix}.{name}"), moment));
+                    offset += numel;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Restores a state [`gathered_state`](Self::gathered_state) (or
+    /// `AdamW::state`) returned, on any world size: each rank keeps its
+    /// shard of it. Fails naming the entry that is missing or misshapen.
+    pub fn load_state(&mut self, saved: &[Named]) -> Result<(), DistError> {
+        let shared = self.state.clone();
+        let state = shared.lock().unwrap_or_else(|p| p.into_inner());
+        let rank = state.pg.rank();
+        let invalid =
+            |detail: String| DistError::Invalid { rank, op: "ShardGradOp::load_state".into(), detail };
+        let find = |key: &str| {
+            let entry = saved.iter().find(|(name, _)| name == key).map(|(_, t)| t);
+            entry.ok_or_else(|| invalid(format!("no optimizer entry `{key}`")))
+        };
+        let step =
+            Vec::<i64>::try_from(find("step")?).ok().and_then(|s| s.first().copied()).filter(|&s| s >= 0);
+        let step = step.ok_or_else(|| invalid("the optimizer entry `step` is not a step count".into()))?;
+        for bucket in &mut self.buckets {
+            let (offset, len) = (bucket.shard.offset as i64, bucket.shard.len as i64);
+            for prefix in ["exp_avg", "exp_avg_sq"] {
+                let mut flats = vec![];
+                for &i in &bucket.members {
+                    let (name, param) = &state.params[i];
+                    let key = format!("{prefix}.{name}");
+                    let entry = find(&key)?;
+                    if entry.size() != param.size() || entry.kind() != param.kind() {
+                        return Err(invalid(format!(
+                            "optimizer entry `{key}` is {:?} {:?}, the model needs {:?} {:?}",
+                            entry.kind(),
+                            entry.size(),
+                            param.kind(),
+                            param.size()
+                        )));
+                    }
+                    flats.push(entry.reshape([-1]));
+                }
+                let padding = (bucket.shard.padded_numel - bucket.numel) as i64;
+                flats.push(Tensor::zeros([padding], (bucket.param.kind(), bucket.param.device())));
+                let whole = Tensor::cat(&flats, 0); // [padded_numel]
+                let mine = if prefix == "exp_avg" { &mut bucket.exp_avg } else { &mut bucket.exp_avg_sq };
+                tch::no_grad(|| mine.copy_(&whole.narrow(0, offset, len)));
+            }
+        }
+        let names: Vec<String> = state.params.iter().map(|(name, _)| name.clone()).collect();
+        self.param_steps = crate::ddp::param_steps(saved, &names, step).map_err(invalid)?;
+        self.step = step;
+        Ok(())
+    }
 }
 
 /// The replicated model's accessors: `forward`, `parameters`, `rank`, ...
