@@ -420,12 +420,30 @@ mod two_ranks_bitwise {
     }
 
     #[test]
-    fn a_parameter_no_rank_uses_gets_a_zero_gradient_and_sgd_leaves_it() {
+    fn a_parameter_no_rank_uses_gets_no_gradient_and_sgd_leaves_it() {
         let case = Case { unused: true, ..Case::new(Model::MlpPerLayer, Opt::Sgd, true) };
         let runs = check(case, 2, 0.0);
         let before = named_parameters(&build(case).0).into_iter().find(|(n, _)| n == "unused").unwrap().1;
         let after = runs[0].steps[STEPS - 1].iter().find(|(n, _)| n == "unused").unwrap().1.shallow_clone();
-        assert!(after.equal(&before), "a zero gradient must leave the unused parameter as it was");
+        assert!(after.equal(&before), "SGD must leave the unused parameter as it was");
+    }
+
+    /// FSDP2 reduce-scatters only the parameters with a gradient: one that
+    /// no rank used keeps no gradient shard (`.grad` None), so AdamW skips
+    /// it, as one process's does; a zero gradient would let weight decay
+    /// and the moments move it.
+    #[test]
+    fn a_parameter_no_rank_uses_gets_no_gradient_and_adamw_leaves_it() {
+        let case = Case { unused: true, ..Case::new(Model::MlpPerLayer, Opt::AdamW, true) };
+        let runs = check(case, 2, 0.0);
+        let before = named_parameters(&build(case).0).into_iter().find(|(n, _)| n == "unused").unwrap().1;
+        for run in &runs {
+            let after = run.steps[STEPS - 1].iter().find(|(n, _)| n == "unused").unwrap().1.shallow_clone();
+            assert!(
+                after.equal(&before),
+                "AdamW stepped the parameter no rank used: it must have no gradient shard to step"
+            );
+        }
     }
 }
 
