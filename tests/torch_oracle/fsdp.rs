@@ -43,19 +43,20 @@
 use std::time::Duration;
 
 use ddp_workbook::check::{compare_to_reference, max_abs_diff, same_bits};
+use ddp_workbook::ddp::{shard_rows, FsdpSchedule};
 use ddp_workbook::dist::{spawn_with, Group, ReduceOp, SpawnOptions};
 use ddp_workbook::models::named_parameters;
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::Tensor;
 use ddp_workbook::train::AdamW;
 
-use crate::compare::Agreement;
+use crate::compare::{compare, Agreement};
 use crate::fsdp_order::{in_fsdp2_order, rows_per_rank};
 use crate::oracle_run::{self, torch_tensors};
 use crate::stages::{
     self, build, by_name, loss, micro_batch, ModelSpec, Stage, StageOptimizer, WorkbookSync,
 };
-use crate::workbook::{train, train_fsdp, RankRun};
+use crate::workbook::{train, train_fsdp, train_fsdp_with, RankRun};
 use crate::{check_against_torch, gloo_order};
 
 /// One rank of the workbook's side of a stage, on a group: what the
@@ -414,4 +415,50 @@ fn gloo_reduce_scatters_in_its_ring_order() {
              (on 2 ranks a + b has one order; on 3 they must differ, or this test cannot tell orders apart)"
         );
     }
+}
+
+/// The library's FSDP with `schedule` in place of its own, on `world_size`
+/// ranks of stage `name`: each rank's tensors against PyTorch's, compared
+/// as `agreement` says (the error, if they differ).
+fn perturbed(
+    name: &str,
+    world_size: usize,
+    schedule: FsdpSchedule,
+    agreement: Agreement,
+) -> Result<(), String> {
+    let stage = by_name(name);
+    let run = |stage: &Stage, pg: Group| train_fsdp_with(stage, gloo_order::in_gloo_order(pg), schedule);
+    for (rank, run) in ranks(&stage, world_size, &run).iter().enumerate() {
+        let what = format!("stage `{name}` on {world_size} ranks, rank {rank}");
+        let measured = compare(&what, &run.tensors, &torch_tensors(world_size, name, rank), agreement)?;
+        println!(
+            "{what}, perturbed, {agreement:?}: largest difference from PyTorch {:.3e}",
+            measured.max_abs_diff
+        );
+    }
+    Ok(())
+}
+
+/// The stages catch a wrong FSDP: one that sums the gradients without
+/// dividing by the world size, and, on 3 ranks, one that keeps other rows
+/// per rank (each rank the chunk FSDP2 gives the rank after it): its
+/// numbers are as right, within the bound, but its reduce-scatter buffer
+/// holds other elements where gloo's ring adds in another order, so its
+/// bits are not FSDP2's.
+#[test]
+fn fully_shard_stages_catch_a_wrong_divide_factor_and_another_layout() {
+    let sums = FsdpSchedule { divide_factors: |_| (1.0, 1.0), ..FsdpSchedule::default() };
+    let error =
+        perturbed("fsdp_mlp_sgd", 2, sums, Agreement::Close).expect_err("a sum passed for an average");
+    assert!(error.contains(".grad."), "the sum's gradients must be reported first: {error}");
+    println!("{error}");
+    let rotated = FsdpSchedule {
+        shard_rows: |rows, world_size, rank| shard_rows(rows, world_size, (rank + 1) % world_size),
+        ..FsdpSchedule::default()
+    };
+    perturbed("fsdp_gpt_sgd", 3, rotated, Agreement::Close)
+        .expect("another layout is as right, within the bound");
+    let error = perturbed("fsdp_gpt_sgd", 3, rotated, Agreement::Bitwise)
+        .expect_err("another layout gave FSDP2's bits");
+    assert!(error.contains("not bitwise equal"), "{error}");
 }

@@ -7,8 +7,8 @@
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
 use ddp_workbook::ddp::{
-    bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, shard_rows, BucketCaps, FsdpAdamW,
-    FsdpOptions, FsdpSgd, FullyShard, Replicated, ShardedAdamW, SimpleDistributedDataParallelism,
+    bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, BucketCaps, FsdpAdamW, FsdpOptions,
+    FsdpSchedule, FsdpSgd, FullyShard, Replicated, ShardedAdamW, SimpleDistributedDataParallelism,
     StepOptimizer, UnusedParameters,
 };
 use ddp_workbook::dist::Group;
@@ -285,6 +285,12 @@ fn sgd_step(params: &[(String, Tensor)], lr: f64, step: usize, out: &mut Vec<(St
 /// without a gradient shard, as FSDP2's `.grad` is then None) and the full
 /// parameters after each step.
 pub fn train_fsdp(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
+    train_fsdp_with(stage, pg, FsdpSchedule::default())
+}
+
+/// [`train_fsdp`] with `schedule`'s decisions (the rows, the divide
+/// factors, ...) in place of the library's: how the tests perturb it.
+pub fn train_fsdp_with(stage: &Stage, pg: Group, schedule: FsdpSchedule) -> anyhow::Result<RankRun> {
     ddp_workbook::tch::set_num_threads(1);
     let name = stage.name;
     let Some(shard) = stage.fully_shard else {
@@ -297,8 +303,11 @@ pub fn train_fsdp(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
     // Before sharding: FullyShard frees the model's full parameters.
     let first = micro_batch(stage, rank, 0, 0);
     out.push(("forward".to_string(), ddp_workbook::tch::no_grad(|| model.forward(&first.input))));
-    let options =
-        FsdpOptions { reshard_after_forward: shard.reshard_after_forward, ..FsdpOptions::default() };
+    let options = FsdpOptions {
+        reshard_after_forward: shard.reshard_after_forward,
+        schedule,
+        ..FsdpOptions::default()
+    };
     let fsdp = match (&model, shard.units) {
         (Twin::Gpt(gpt), FsdpUnits::PerBlock) => FullyShard::gpt(gpt, &vs, pg.clone(), options)?,
         (_, FsdpUnits::Root) => {
@@ -332,7 +341,7 @@ pub fn train_fsdp(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
             }
             fsdp.backward(&loss(stage, &forward(&b.input)?, &b.target))?;
             if last {
-                record_full_gradients(&fsdp, &pg, &params, step, m, &mut out)?;
+                record_full_gradients(&fsdp, &pg, &params, schedule, step, m, &mut out)?;
             }
         }
         match &mut adamw {
@@ -354,6 +363,7 @@ fn record_full_gradients(
     fsdp: &FullyShard,
     pg: &Group,
     params: &[(String, Tensor)],
+    schedule: FsdpSchedule,
     step: usize,
     m: usize,
     out: &mut Vec<(String, Tensor)>,
@@ -371,7 +381,7 @@ fn record_full_gradients(
         let gathered = pg.all_gather(&padded)?;
         let whole = Tensor::zeros([rows * row_numel], (grad.kind(), grad.device()));
         for (r, part) in gathered.iter().enumerate() {
-            let (start, count) = shard_rows(rows, world, r);
+            let (start, count) = (schedule.shard_rows)(rows, world, r);
             whole.narrow(0, start * row_numel, count * row_numel).copy_(&part.narrow(
                 0,
                 0,
