@@ -477,3 +477,38 @@ mod three_ranks {
         assert_eq!(rows(1, "layers.1.weight").1, 0, "1 row on 3 ranks: rank 1 keeps none");
     }
 }
+
+/// FSDP2's contract, which the library keeps: every rank has gradients
+/// for the same parameters (only those are reduce-scattered). A parameter
+/// that one rank used and another did not gives reduce-scatters of other
+/// lengths: an error naming the unit, not a hang or a wrong average.
+#[test]
+fn a_parameter_only_some_ranks_use_is_an_error_naming_the_unit() {
+    let options = ddp_workbook::dist::SpawnOptions::new(2).timeout(std::time::Duration::from_secs(30));
+    let result = ddp_workbook::dist::spawn_with(options, |pg| {
+        let vs = VarStore::new(Device::Cpu);
+        let (a, b) = with_seed(SEED, || {
+            (vs.root().randn("a", &[4, 3], 0.0, 1.0), vs.root().randn("b", &[4, 3], 0.0, 1.0))
+        });
+        let params = named_parameters(&vs);
+        let rank = pg.rank();
+        let fsdp = FullyShard::new(&params, vec![("root".into(), vec![0, 1])], pg, FsdpOptions::default())?;
+        let loss = fsdp.forward_with(|_| {
+            let used = a.sum(Kind::Float);
+            if rank == 0 {
+                used + b.sum(Kind::Float)
+            } else {
+                used
+            }
+        })?;
+        fsdp.backward(&loss)?;
+        Ok(())
+    });
+    let error = result
+        .expect_err("rank 1 left out `b`, rank 0 did not: their reduce-scatters cannot match")
+        .to_string();
+    assert!(
+        error.contains("reduce-scatter of root (1 of its 2 parameters have a gradient on this rank"),
+        "the error must name the unit's reduce-scatter and what rank 1 left out: {error}"
+    );
+}

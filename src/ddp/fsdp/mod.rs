@@ -318,7 +318,17 @@ impl Driver {
         let (input, with_grad) = unit.reduce_scatter_input(pg.as_ref(), pre, &ledger)?;
         let bytes = crate::ddp::memory::tensor_bytes(&input);
         ledger.alloc(Holding::Gradients, bytes, &format!("reduce-scatter input of {}", unit.name));
-        let (events, tag) = (self.events.clone(), format!("fsdp reduce-scatter of {}", unit.name));
+        // Only the parameters with a gradient are in it (FSDP2's rule): a
+        // rank whose set differs calls it with another length, and the
+        // error should say which set, and what to do.
+        let tag = format!(
+            "fsdp reduce-scatter of {} ({} of its {} parameters have a gradient on this rank: every rank must \
+             use the same parameters in a step: add 0 * p.sum() to the loss for one a rank skips)",
+            unit.name,
+            with_grad.len(),
+            unit.params.len()
+        );
+        let events = self.events.clone();
         let result = self.comm.submit(move || {
             let output = if input.numel() == 0 {
                 Ok(input)
