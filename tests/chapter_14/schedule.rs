@@ -169,11 +169,13 @@ impl Walk {
             let rs = self.walked.reduce_scatters[u];
             match (self.sync, rs) {
                 (true, 1) | (false, 0) => {}
-                (true, 0) => return Err(format!(
+                (true, 0) => {
+                    return Err(format!(
                     "never reduce-scatters: post_backward(unit {u}) must return Action::ReduceScatter({u}) \
                          {}: else no rank gets the average of its gradient shard",
                     self.setting()
-                )),
+                ))
+                }
                 (true, _) => {
                     return Err(format!(
                         "reduce-scatters unit {u} {rs} times in one backward {}: once, at its post_backward",
