@@ -253,6 +253,7 @@ pub fn ddp_on(case: Case, world: usize, wrap: impl Fn(Group) -> Group + Sync) ->
 }
 
 /// FSDP with your schedule on `pg`, built for `case`, each layer or block a unit.
+// ANCHOR: shard
 pub fn shard(case: Case, net: &Net, vs: &VarStore, pg: Group, options: FsdpOptions) -> FullyShard {
     let options = FsdpOptions { reshard_after_forward: case.reshard, ..options };
     match net {
@@ -261,6 +262,7 @@ pub fn shard(case: Case, net: &Net, vs: &VarStore, pg: Group, options: FsdpOptio
     }
     .expect("fully_shard succeeds with your shard_rows")
 }
+// ANCHOR_END: shard
 
 /// What a FSDP run hands back from each rank.
 pub struct FsdpRun {
@@ -276,6 +278,7 @@ pub fn fsdp(case: Case, world: usize) -> Vec<FsdpRun> {
     run(world, |pg| {
         let rank = pg.rank() as i64;
         let (vs, net) = build(case);
+        // ANCHOR: loop
         let fsdp = shard(case, &net, &vs, pg, FsdpOptions::default());
         let mut adamw = (case.opt == Opt::AdamW).then(|| FsdpAdamW::new(&fsdp, LR_ADAMW, WEIGHT_DECAY));
         let mut steps = vec![];
@@ -292,6 +295,7 @@ pub fn fsdp(case: Case, world: usize) -> Vec<FsdpRun> {
                 Some(adamw) => adamw.step(&fsdp)?,
                 None => FsdpSgd { lr: LR_SGD }.step(&fsdp)?,
             }
+            // ANCHOR_END: loop
             steps.push(fsdp.full_parameters()?);
         }
         let rows = fsdp.sharded_parameters().into_iter().map(|p| (p.name, p.rows)).collect();
