@@ -6,11 +6,14 @@
 
 use ddp_workbook::ch14_fsdp::learner::shard_rows;
 
+/// Rows, ranks, and each rank's `(first row, rows)`.
+type Row = (i64, usize, &'static [(i64, i64)]);
+
 #[test]
 fn shard_rows_matches_the_chapters_table() {
     // By hand: ceil(7 / 2) = 4 rows, then the 3 left; ceil(2 / 3) = 1 row
     // each, and nothing left for rank 2; ceil(10 / 4) = 3, 3, 3, then 1.
-    let table: [(i64, usize, &[(i64, i64)]); 4] = [
+    let table: [Row; 4] = [
         (7, 2, &[(0, 4), (4, 3)]),
         (2, 3, &[(0, 1), (1, 1), (2, 0)]),
         (10, 4, &[(0, 3), (3, 3), (6, 3), (9, 1)]),
