@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use ddp_workbook::ddp::micro_batch_size;
 use ddp_workbook::dist;
+use ddp_workbook::models::GptSize;
 use ddp_workbook::train::{default_threads_per_rank, TrainConfig};
 
 use crate::backends;
@@ -91,6 +92,10 @@ pub struct Args {
     /// each keeps 1/N of its moments, the gradients are reduce-scattered
     #[arg(long, default_value_t = TrainConfig::default().zero_stage)]
     zero: usize,
+    /// The GPT's size: tiny (104,192 parameters, the chapters' model), 2m,
+    /// 10m or 25m (for the benchmarks; they train slowly on a CPU)
+    #[arg(long, default_value_t = TrainConfig::default().model)]
+    model: GptSize,
 }
 // ANCHOR_END: flags
 
@@ -168,6 +173,7 @@ impl Args {
             stop_after: self.stop_after,
             bf16_gradients: self.grad_dtype == GradDtype::Bf16,
             zero_stage: self.zero,
+            model: self.model,
             // The rank threads of the in-process backend share one GPU: on
             // its one default stream, each collective's kernels queue after
             // the backward kernels that wrote its gradients.

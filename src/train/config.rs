@@ -57,6 +57,10 @@ pub struct TrainConfig {
     /// keeps 1/world_size of the moments, and the gradients are
     /// reduce-scattered by the optimizer instead of all-reduced by the wrapper.
     pub zero_stage: usize,
+    /// The GPT's size (`GptSize::Tiny`, the model the chapters train; the
+    /// larger ones are for the benchmarks): its layers, heads and width,
+    /// fitted to the task's vocabulary and context.
+    pub model: crate::models::GptSize,
 }
 
 impl Default for TrainConfig {
@@ -82,6 +86,7 @@ impl Default for TrainConfig {
             device: tch::Device::Cpu,
             bf16_gradients: false,
             zero_stage: 0,
+            model: crate::models::GptSize::Tiny,
         }
     }
 }
@@ -241,6 +246,7 @@ impl TrainConfig {
             device,
             bf16_gradients,
             zero_stage,
+            model,
         } = self;
         let int = |name: &str, v: usize| (name.to_string(), Setting::Int(v as i64));
         let float = |name: &str, v: f64| (name.to_string(), Setting::Float(v));
@@ -268,6 +274,7 @@ impl TrainConfig {
             // The gradients' dtype on the wire: the comm hook the run registers.
             text("grad_dtype", if *bf16_gradients { "bf16" } else { "f32" }),
             int("zero_stage", *zero_stage),
+            text("model", model.name()),
         ]
     }
 
