@@ -35,11 +35,10 @@
 
 use std::fmt::Write;
 use std::process::Command;
-use std::sync::Mutex;
 
 use clap::Parser;
 use ddp_workbook::models::{GptConfig, GptSize};
-use ddp_workbook::train::{self, Event, TrainConfig};
+use ddp_workbook::train::{self, TrainConfig};
 
 #[path = "support/bench_commands.rs"]
 mod commands;
@@ -51,6 +50,7 @@ mod table_file;
 mod tables;
 #[path = "support/train_rates.rs"]
 mod train_rates;
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))] // it counts the MPI runs' bytes
 #[path = "support/wire_bytes.rs"]
 mod wire_bytes;
 use commands::{lines_of, python, root};
@@ -173,6 +173,8 @@ fn worker(kind: Worker, args: &Args) -> anyhow::Result<()> {
 fn mpi_worker(plan: Plan, zero: usize) -> anyhow::Result<()> {
     use ddp_workbook::dist::ReduceOp;
     use ddp_workbook::tch::{Kind, Tensor};
+    use ddp_workbook::train::Event;
+    use std::sync::Mutex;
     ddp_workbook::dist::mpi::run(|pg| {
         let (pg, wire) = wire_bytes::counted(pg);
         let config = config(plan, pg.world_size(), zero);
