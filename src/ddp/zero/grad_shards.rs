@@ -80,9 +80,9 @@ pub fn reduce_scatter_bucket(
 
 // ANCHOR: keep_shard
 /// Waits for one bucket's reduce-scatter and returns what this rank keeps:
-/// its chunk of the sum divided by the world size (`[len]`), bit for bit
-/// what DDP's all-reduce and division leave in those elements. The full
-/// buffer is dropped here: its memory goes the moment the sum has arrived.
+/// its chunk of DDP's average (`[len]`), bit for bit what DDP's all-reduce
+/// and division leave in those elements. The full buffer does not outlive
+/// this call.
 pub fn keep_shard(pg: &dyn ProcessGroup, in_flight: InFlight) -> Result<Tensor, DistError> {
     let InFlight { flat, mut chunk, work } = in_flight;
     work.wait()?;
