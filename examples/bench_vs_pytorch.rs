@@ -21,11 +21,9 @@
 //! (5 rounds of 200 steps: about 5 minutes on a quiet 2-core machine.)
 
 use std::process::Command;
-use std::sync::Mutex;
 
 use clap::Parser;
-use ddp_workbook::data::TokenTask;
-use ddp_workbook::train::{self, Event, TrainConfig};
+use ddp_workbook::train::{self, TrainConfig};
 
 #[path = "support/vs_pytorch_all_reduce.rs"]
 mod all_reduce;
@@ -37,10 +35,13 @@ mod machine;
 mod table_file;
 #[path = "support/vs_pytorch_tables.rs"]
 mod tables;
+#[path = "support/train_rates.rs"]
+mod train_rates;
 use all_reduce::{all_reduce_rows, ALL_REDUCE_ROUNDS};
-use commands::{lines_of, python, root, stdout_of};
+use commands::{python, root};
 use machine::load_average;
 use tables::{Column, Rate};
+use train_rates::{logged, rate_of, timed_rate};
 
 #[derive(Parser)]
 #[command(about = "The workbook's training run against PyTorch DDP (gloo), alternating rounds")]
@@ -79,39 +80,6 @@ fn config(world_size: usize, args: &Args) -> TrainConfig {
     }
 }
 
-/// The rate over the steps after the warm-up, from rank 0's logs: each
-/// `(step, tokens/s)` covers the steps since the previous log.
-fn timed_rate(logs: &[(usize, f64)], config: &TrainConfig) -> anyhow::Result<Rate> {
-    let tokens_per_step = (config.global_batch() as i64 * TokenTask::standard(0, 1).seq_len()) as f64;
-    let (mut steps, mut seconds, mut previous) = (0, 0.0, 0);
-    for &(step, rate) in logs {
-        if previous >= config.log_every {
-            steps += step - previous;
-            seconds += (step - previous) as f64 * tokens_per_step / rate;
-        }
-        previous = step;
-    }
-    anyhow::ensure!(steps > 0, "no timed steps in the logs {logs:?}");
-    Ok(Rate {
-        tokens_per_second: steps as f64 * tokens_per_step / seconds,
-        step_ms: seconds / steps as f64 * 1e3,
-    })
-}
-
-/// Runs `run` with an event handler that keeps rank 0's logs, and returns
-/// them (none on the other ranks).
-fn logged(
-    run: impl FnOnce(&(dyn Fn(Event) + Sync)) -> anyhow::Result<()>,
-) -> anyhow::Result<Vec<(usize, f64)>> {
-    let logs = Mutex::new(vec![]);
-    run(&|event| {
-        if let Event::Logged { step, tokens_per_second, .. } = event {
-            logs.lock().unwrap().push((step, tokens_per_second));
-        }
-    })?;
-    Ok(logs.into_inner().unwrap())
-}
-
 /// Inside mpirun: one rank of a training run or of the all_reduce timings;
 /// rank 0 prints the lines the coordinator reads.
 #[cfg(feature = "mpi")]
@@ -121,8 +89,9 @@ fn worker(kind: Worker, args: &Args) {
         match kind {
             Worker::Train => {
                 let config = config(pg.world_size(), args);
-                let logs =
-                    logged(|on_event| train::train_as_process(pg.clone(), &config, on_event).map(|_| ()))?;
+                let logs = logged(&|_| {}, |on_event| {
+                    train::train_as_process(pg.clone(), &config, on_event).map(|_| ())
+                })?;
                 if pg.rank() == 0 {
                     let rate = timed_rate(&logs, &config)?;
                     println!("tokens_per_second {}\nstep_ms {}", rate.tokens_per_second, rate.step_ms);
@@ -147,13 +116,6 @@ fn worker(_: Worker, _: &Args) {
     unreachable!("the coordinator refuses to start without the mpi feature")
 }
 
-/// The rate a command printed (`tokens_per_second N` and `step_ms T`).
-fn rate_of(command: Command) -> anyhow::Result<Rate> {
-    let stdout = stdout_of(command)?;
-    let tokens_per_second = lines_of(&stdout, "tokens_per_second")?[0][0];
-    Ok(Rate { tokens_per_second, step_ms: lines_of(&stdout, "step_ms")?[0][0] })
-}
-
 /// This program as 2 MPI processes in `worker` mode.
 pub fn mpi_job(kind: &str, args: &Args, debug: &str) -> anyhow::Result<Command> {
     let mut command = Command::new("bash");
@@ -168,7 +130,7 @@ fn torch_run(args: &Args, extra: &[&str]) -> anyhow::Result<Rate> {
     let (steps, warmup) = (args.steps.to_string(), args.warmup_steps.to_string());
     let mut script_args = vec!["--steps", &steps, "--warmup-steps", &warmup];
     script_args.extend(extra);
-    rate_of(python("scripts/bench_torch_ddp.py", &script_args)?)
+    Ok(rate_of(python("scripts/bench_torch_ddp.py", &script_args)?)?.0)
 }
 
 /// The contenders, in the order each round runs them.
@@ -193,10 +155,10 @@ fn run_contender(index: usize, args: &Args) -> anyhow::Result<Rate> {
         1 => torch_run(args, &["--setting", "best"]),
         2 => torch_run(args, &[&one_process[..], &["--setting", "defaults"]].concat()),
         3 => torch_run(args, &[&one_process[..], &["--setting", "best"]].concat()),
-        4 => rate_of(mpi_job("train", args, "detail")?),
+        4 => Ok(rate_of(mpi_job("train", args, "detail")?)?.0),
         5 | 6 => {
             let config = config(if index == 5 { 2 } else { 1 }, args);
-            timed_rate(&logged(|on_event| train::train(&config, on_event).map(|_| ()))?, &config)
+            timed_rate(&logged(&|_| {}, |on_event| train::train(&config, on_event).map(|_| ()))?, &config)
         }
         _ => unreachable!("{} contenders", NAMES.len()),
     }

@@ -68,6 +68,7 @@ figure_modules! {
     ch07_shards => "figures/ch07_shards.rs",
     ch08_training => "figures/ch08_training.rs",
     ch09_ch10_diagrams => "figures/ch09_ch10_diagrams.rs",
+    ch14_bytes_alive => "figures/ch14_bytes_alive.rs",
 }
 
 /// What rewrites the figures, for the messages of `--check`.

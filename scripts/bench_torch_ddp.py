@@ -10,6 +10,11 @@ examples/bench_vs_pytorch.rs runs it in alternating rounds with ours:
 
     cargo run --release --features mpi --example bench_vs_pytorch
 
+At the larger sizes (--size 2m, 10m, 25m: scripts/torch/models.py's SIZES,
+GptConfig::of_size of the workbook), `cargo run --release --features mpi
+--example bench_sizes` runs it the same way, with --zero (ZeRO-1) and
+--count-bytes.
+
 Run alone: .venv/bin/python scripts/bench_torch_ddp.py --steps 200
            .venv/bin/python scripts/bench_torch_ddp.py --setting best
            .venv/bin/python scripts/bench_torch_ddp.py --world-size 1 --no-ddp
@@ -17,7 +22,19 @@ On GPUs:   .venv/bin/python scripts/bench_torch_ddp.py --device cuda --world-siz
            (NCCL, one process per GPU: the world size at most the GPU count)
 Prints `tokens_per_second N` and `step_ms T` (rank 0's, over the timed
 steps after --warmup-steps untimed ones), `first_step_ms F` (the first
-untimed step) and `loss L` (rank 0's last step's).
+untimed step), `loss L` (rank 0's last step's) and `peak_rss_kib K` (the
+largest VmHWM of the ranks' processes: their peak resident memory).
+--count-bytes adds `wire_bytes_per_step B`: per rank, over the timed steps,
+what its collectives put on the wire (a ring all-reduce of S bytes on N
+ranks sends 2(N-1)/N x S per rank, a broadcast (N-1)/N x S on average), as
+examples/support/wire_bytes.rs counts the workbook's; it wraps DDP in a
+counting comm hook, so time without it.
+
+--zero: ZeRO-1, torch.distributed.optim.ZeroRedundancyOptimizer around
+AdamW, inside DDP (which all-reduces the gradients; each rank then steps
+its partition of the parameters and broadcasts it). With --setting best,
+also parameters_as_bucket_view=True (one broadcast per rank, not one per
+parameter) and fused AdamW.
 
 --setting defaults: DistributedDataParallel(model) and torch.optim.AdamW as
 they come. --setting best: PyTorch's fastest CPU settings for this run:
@@ -81,11 +98,14 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch"))
-from models import Gpt  # noqa: E402  the twin of src/models/gpt.rs, GptConfig::tiny()
+from models import SIZES, Gpt  # noqa: E402  the twin of src/models/gpt.rs, GptConfig::of_size
+from teardown import leave  # noqa: E402
 
 N_SYMBOLS, HALF_LEN = 15, 16
 
@@ -117,7 +137,43 @@ def wrap(model, args, device):
 
 def optimizer_for(model, args):
     fused = {"fused": True} if args.setting == "best" else {}
+    if args.zero:
+        return ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.AdamW,
+            parameters_as_bucket_view=args.setting == "best", lr=3e-3, weight_decay=0.0, **fused)
     return torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, **fused)
+
+
+class WireBytes:
+    """What this rank's collectives put on the wire (--count-bytes): DDP's
+    buckets through a comm hook, ZeRO's broadcasts through dist.broadcast."""
+
+    def __init__(self, world_size):
+        self.world_size, self.bytes = world_size, 0
+
+    def add(self, tensor, factor):
+        self.bytes += tensor.numel() * tensor.element_size() * factor * (self.world_size - 1) / self.world_size
+
+    def install(self, model):
+        def all_reduce_hook(state, bucket):
+            self.add(bucket.buffer(), 2)
+            return default_hooks.allreduce_hook(None, bucket)
+
+        model.register_comm_hook(None, all_reduce_hook)
+        broadcast = dist.broadcast
+
+        def counted_broadcast(tensor, *args, **kwargs):
+            self.add(tensor, 1)
+            return broadcast(tensor, *args, **kwargs)
+
+        dist.broadcast = counted_broadcast  # ZeroRedundancyOptimizer calls dist.broadcast
+
+
+def peak_rss_kib():
+    """This process's VmHWM: the most resident memory it has held."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1])
 
 
 def run(rank, world_size, port, args):
@@ -131,8 +187,11 @@ def run(rank, world_size, port, args):
         dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=cuda)
     torch.manual_seed(1337)
     sequences = sorting_task(1337, args.train_sequences).to(device)
-    model = wrap(Gpt().to(device), args, device)
+    model = wrap(Gpt(SIZES[args.size]).to(device), args, device)
     optimizer = optimizer_for(model, args)
+    wire = WireBytes(world_size) if args.count_bytes else None
+    if wire:
+        wire.install(model)
     # --no-ddp takes rank 0's shard of 2: the per-rank work of the 2-rank run.
     shards = max(world_size, 2) if args.no_ddp else world_size
     sampler = DistributedSampler(range(len(sequences)), shards, rank, shuffle=True, seed=1337)
@@ -174,11 +233,16 @@ def run(rank, world_size, port, args):
     if args.device == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
+    if wire:
+        wire.bytes = 0  # the timed steps only
     for _ in range(args.steps):
         loss = step()
     if args.device == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - started
+    peak = torch.tensor([peak_rss_kib()], dtype=torch.float64)
+    if not args.no_ddp:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the largest rank's
     if rank == 0:
         tokens = args.steps * args.batch_size * args.accum_steps * world_size * 2 * HALF_LEN
         print(f"tokens_per_second {tokens / elapsed:.1f}", flush=True)
@@ -186,8 +250,14 @@ def run(rank, world_size, port, args):
         if args.warmup_steps > 0:
             print(f"first_step_ms {first_step * 1e3:.4f}", flush=True)
         print(f"loss {loss:.6f}", flush=True)
+        print(f"peak_rss_kib {peak.item():.0f}", flush=True)
+        if wire:
+            print(f"wire_bytes_per_step {wire.bytes / args.steps:.0f}", flush=True)
     if not args.no_ddp:
         dist.destroy_process_group()
+        # Without this, a rank at the 2m size sometimes hung in the
+        # interpreter's shutdown after printing (gloo's leftovers; see teardown.py).
+        leave()
 
 
 def free_port():
@@ -210,11 +280,19 @@ def main():
                         help="one process without DDP or a process group, rank 0's work of 2 ranks")
     parser.add_argument("--forward-outside-no-sync", action="store_true",
                         help="this script's old mistake: only the backward under no_sync (both micro-batches sync)")
+    parser.add_argument("--size", choices=list(SIZES), default="tiny",
+                        help="the GPT's size, scripts/torch/models.py's SIZES (GptConfig::of_size)")
+    parser.add_argument("--zero", action="store_true",
+                        help="ZeRO-1: ZeroRedundancyOptimizer around AdamW, inside DDP")
+    parser.add_argument("--count-bytes", action="store_true",
+                        help="print wire_bytes_per_step (a counting comm hook: time without it)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: NCCL, one process per GPU (--world-size at most the GPU count)")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0:
         parser.error("--steps must be at least 1 and --warmup-steps at least 0")
+    if args.no_ddp and (args.zero or args.count_bytes):
+        parser.error("--zero and --count-bytes need DDP: drop --no-ddp")
     if args.no_ddp:
         if args.world_size != 1:
             parser.error("--no-ddp runs one process: give --world-size 1")

@@ -45,7 +45,8 @@
 #              moves checkpoints both ways between the workbook and PyTorch's
 #              GPT twin, and tests/torch_twins.rs runs each chapter's PyTorch
 #              twin, scripts/torch/twins/chNN_*.py, under torchrun on 2 gloo
-#              ranks, one test per script)
+#              ranks, one test per script; tests/torch_fully_shard.rs runs
+#              chapter 14's fully_shard lines and checks their shards' rows)
 #   figures    cargo run --example figures -- --check: every figure of the
 #              book (chapters/figures/) is what examples/figures.rs draws
 #              from the code now; it names each one that differs or is missing

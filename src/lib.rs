@@ -36,5 +36,6 @@ pub mod ch07_sharding;
 pub mod ch11_zero;
 pub mod ch12_bf16;
 pub mod ch13_sharded_gradients;
+pub mod ch14_fsdp;
 pub mod notebook;
 pub mod train;

@@ -420,12 +420,30 @@ mod two_ranks_bitwise {
     }
 
     #[test]
-    fn a_parameter_no_rank_uses_gets_a_zero_gradient_and_sgd_leaves_it() {
+    fn a_parameter_no_rank_uses_gets_no_gradient_and_sgd_leaves_it() {
         let case = Case { unused: true, ..Case::new(Model::MlpPerLayer, Opt::Sgd, true) };
         let runs = check(case, 2, 0.0);
         let before = named_parameters(&build(case).0).into_iter().find(|(n, _)| n == "unused").unwrap().1;
         let after = runs[0].steps[STEPS - 1].iter().find(|(n, _)| n == "unused").unwrap().1.shallow_clone();
-        assert!(after.equal(&before), "a zero gradient must leave the unused parameter as it was");
+        assert!(after.equal(&before), "SGD must leave the unused parameter as it was");
+    }
+
+    /// FSDP2 reduce-scatters only the parameters with a gradient: one that
+    /// no rank used keeps no gradient shard (`.grad` None), so AdamW skips
+    /// it, as one process's does; a zero gradient would let weight decay
+    /// and the moments move it.
+    #[test]
+    fn a_parameter_no_rank_uses_gets_no_gradient_and_adamw_leaves_it() {
+        let case = Case { unused: true, ..Case::new(Model::MlpPerLayer, Opt::AdamW, true) };
+        let runs = check(case, 2, 0.0);
+        let before = named_parameters(&build(case).0).into_iter().find(|(n, _)| n == "unused").unwrap().1;
+        for run in &runs {
+            let after = run.steps[STEPS - 1].iter().find(|(n, _)| n == "unused").unwrap().1.shallow_clone();
+            assert!(
+                after.equal(&before),
+                "AdamW stepped the parameter no rank used: it must have no gradient shard to step"
+            );
+        }
     }
 }
 
@@ -458,4 +476,39 @@ mod three_ranks {
         assert_eq!(rows(2, "layers.0.weight").1, 0, "2 rows on 3 ranks: rank 2 keeps none");
         assert_eq!(rows(1, "layers.1.weight").1, 0, "1 row on 3 ranks: rank 1 keeps none");
     }
+}
+
+/// FSDP2's contract, which the library keeps: every rank has gradients
+/// for the same parameters (only those are reduce-scattered). A parameter
+/// that one rank used and another did not gives reduce-scatters of other
+/// lengths: an error naming the unit, not a hang or a wrong average.
+#[test]
+fn a_parameter_only_some_ranks_use_is_an_error_naming_the_unit() {
+    let options = ddp_workbook::dist::SpawnOptions::new(2).timeout(std::time::Duration::from_secs(30));
+    let result = ddp_workbook::dist::spawn_with(options, |pg| {
+        let vs = VarStore::new(Device::Cpu);
+        let (a, b) = with_seed(SEED, || {
+            (vs.root().randn("a", &[4, 3], 0.0, 1.0), vs.root().randn("b", &[4, 3], 0.0, 1.0))
+        });
+        let params = named_parameters(&vs);
+        let rank = pg.rank();
+        let fsdp = FullyShard::new(&params, vec![("root".into(), vec![0, 1])], pg, FsdpOptions::default())?;
+        let loss = fsdp.forward_with(|_| {
+            let used = a.sum(Kind::Float);
+            if rank == 0 {
+                used + b.sum(Kind::Float)
+            } else {
+                used
+            }
+        })?;
+        fsdp.backward(&loss)?;
+        Ok(())
+    });
+    let error = result
+        .expect_err("rank 1 left out `b`, rank 0 did not: their reduce-scatters cannot match")
+        .to_string();
+    assert!(
+        error.contains("reduce-scatter of root (1 of its 2 parameters have a gradient on this rank"),
+        "the error must name the unit's reduce-scatter and what rank 1 left out: {error}"
+    );
 }

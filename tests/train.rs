@@ -19,7 +19,7 @@ use ddp_workbook::check::{compare_replicas, max_reference_diff, snapshot};
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
 use ddp_workbook::ddp::Named;
 use ddp_workbook::dist::{self, DistError, Group, ReduceOp, Work};
-use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
+use ddp_workbook::models::{named_parameters, Gpt, GptConfig, GptSize};
 use ddp_workbook::tch::nn::{self, Module, OptimizerConfig};
 use ddp_workbook::tch::{Device, Kind, Tensor};
 use ddp_workbook::train::{
@@ -504,6 +504,7 @@ fn a_resume_refuses_every_setting_that_changes_the_numbers() {
             TrainConfig { shard: ShardingStrategy::Optimizer, ..base.clone() },
             "shard: checkpoint none, this run optimizer",
         ),
+        (TrainConfig { model: GptSize::M2, ..base.clone() }, "model: checkpoint tiny, this run 2m"),
         (TrainConfig { device: Device::Cuda(0), ..base.clone() }, "device: checkpoint cpu, this run cuda"),
         (TrainConfig { bucket_cap_mb: 0.2, ..base.clone() }, "bucket_cap_mb: checkpoint 0.1, this run 0.2"),
         (TrainConfig { accum_steps: 1, ..base.clone() }, "accum_steps: checkpoint 2, this run 1"),

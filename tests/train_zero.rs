@@ -1,5 +1,5 @@
 //! The training run with AdamW sharded over the ranks (`TrainConfig`'s
-//! `zero_stage: 1`, `--zero 1` of `examples/train.rs`: chapter 11's ZeRO-1
+//! `shard: ShardingStrategy::Optimizer`, `--zero 1` of `examples/train.rs`: chapter 11's ZeRO-1
 //! in the finished run), against the plain run, and its checkpoints, which
 //! gather the shards, and ZeRO-1 with a parameter left out of a step.
 //! Run: `cargo test --test train_zero`

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use ddp_workbook::ddp::micro_batch_size;
 use ddp_workbook::dist;
+use ddp_workbook::models::GptSize;
 use ddp_workbook::train::{default_threads_per_rank, ShardingStrategy, TrainConfig};
 
 use crate::backends;
@@ -98,6 +99,10 @@ pub struct Args {
     /// 2 grad-op, 3 full
     #[arg(long)]
     zero: Option<usize>,
+    /// The GPT's size: tiny (104,192 parameters, the chapters' model), 2m,
+    /// 10m or 25m (for the benchmarks; they train slowly on a CPU)
+    #[arg(long, default_value_t = TrainConfig::default().model)]
+    model: GptSize,
 }
 // ANCHOR_END: flags
 
@@ -189,6 +194,7 @@ impl Args {
                 (None, ShardArg::GradOp) => ShardingStrategy::ShardGradOp,
                 (None, ShardArg::Full) => ShardingStrategy::FullShard,
             },
+            model: self.model,
             // The rank threads of the in-process backend share one GPU: on
             // its one default stream, each collective's kernels queue after
             // the backward kernels that wrote its gradients.

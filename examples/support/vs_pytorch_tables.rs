@@ -3,7 +3,8 @@
 //! second of each contender, the ratios per round, and the cost of
 //! distribution of each side (support/table_file.rs writes them, with the
 //! machine, its load, the date and the command). Included by bench_vs_pytorch.rs:
-//! `cargo run --release --features mpi --example bench_vs_pytorch`.
+//! `cargo run --release --features mpi --example bench_vs_pytorch`; bench_sizes.rs
+//! includes it too, for each size.
 
 use std::fmt::Write;
 
@@ -67,6 +68,7 @@ pub fn training_tables(columns: &[Column], ratios: &[(usize, usize)], costs: &[(
 }
 
 /// The all_reduce table: one row per size, one column per backend (seconds).
+#[allow(dead_code)] // bench_vs_pytorch's; bench_sizes has no all_reduce table
 pub fn all_reduce_table(sizes_mib: &[f64], backends: &[(&str, Vec<f64>)]) -> String {
     let names: Vec<&str> = backends.iter().map(|(name, _)| *name).collect();
     let mut out = format!("| MiB | {} |\n| ---: |{}\n", names.join(" | "), " ---: |".repeat(names.len()));

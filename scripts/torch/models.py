@@ -8,8 +8,8 @@ the same forward in float64, and DistributedDataParallel walks its
 parameters in the workbook's order.
 
     import sys; sys.path.insert(0, "scripts/torch")
-    from models import Gpt, GptConfig, Mlp
-    model = Gpt(GptConfig()).double()
+    from models import Gpt, GptConfig, Mlp, SIZES
+    model = Gpt(GptConfig()).double()  # or Gpt(SIZES["25m"])
     model.load_state_dict(load_file("weights.safetensors"), strict=True)
 
 Used by scripts/bench_torch_ddp.py and scripts/torch/oracle.py; checked by
@@ -61,13 +61,25 @@ class Mlp(nn.Module):
 
 @dataclass
 class GptConfig:
-    """GptConfig::tiny() of src/models/gpt.rs."""
+    """GptConfig::tiny() of src/models/gpt.rs; SIZES below holds the others."""
 
     vocab_size: int = 16
     block_size: int = 32
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 64
+
+
+# GptConfig::of_size of src/models/gpt.rs, by the names of its GptSize: the
+# sizes scripts/bench_torch_ddp.py --size trains. `cargo test --features
+# solutions,mpi,nccl --test torch_twins gpt_sizes` checks that both sides
+# count the same parameters.
+SIZES = {
+    "tiny": GptConfig(),
+    "2m": GptConfig(n_layer=10, n_head=4, n_embd=128),
+    "10m": GptConfig(n_layer=6, n_head=6, n_embd=384),
+    "25m": GptConfig(n_layer=8, n_head=8, n_embd=512),
+}
 
 
 class CausalSelfAttention(nn.Module):
@@ -143,3 +155,11 @@ class Gpt(nn.Module):
         for block in self.blocks:
             x = block(x, self.causal_mask)
         return self.lm_head(self.ln_f(x))
+
+
+if __name__ == "__main__":
+    # `python scripts/torch/models.py`: each size's name, sizes and parameter
+    # count, one line each, for the Rust side to compare with its own.
+    for name, cfg in SIZES.items():
+        count = sum(p.numel() for p in Gpt(cfg).parameters())
+        print(f"size {name} {cfg.vocab_size} {cfg.block_size} {cfg.n_layer} {cfg.n_head} {cfg.n_embd} {count}")

@@ -35,29 +35,34 @@ pub fn reduce_scatter_bucket(
     // flattened in the order of `members`, then zeros; a member without a
     // gradient sends zeros (another rank may have one); every member has no
     // gradient when you return (`crate::autograd::clear_grad`), or the
-    // wrapper fails naming it; the output is `shard.len` long.
-    // Yours to decide: which reduction gives DDP's bits once divided (the
-    // division waits for `keep_shard`), and when each piece of memory
-    // may go.
+    // wrapper fails naming it; the output is `shard.len` long, and what
+    // lands in it is this rank's chunk of the ranks' sum (`InFlight`), for
+    // `keep_shard` to finish (the tests pair yours with the library's).
+    // Yours to decide: in which order the steps go, and when each piece of
+    // memory may go (the members' gradients are all alive when the hook
+    // calls you: a bucket leaves once its last one is final).
     // Available: `param.grad()` (`.defined()` says whether there is one),
     // `Tensor::cat`, `Tensor::zeros`, `Tensor::empty`, `tch::no_grad`,
     // `pg.reduce_scatter_async(&buffer, ReduceOp::..., &output)`,
-    // `crate::dist::torch_error` for the `f_...` calls.
+    // `crate::dist::torch_error` for the `f_...` calls, and
+    // `super::autograd_error` for `clear_grad`'s.
     // Stuck? `cargo workbook hint 13` gives hints one at a time.
     todo!("exercise ch13: reduce_scatter_bucket in src/ch13_sharded_gradients/exercise.rs")
 }
 
 /// Waits for one bucket's reduce-scatter and returns what this rank keeps:
-/// its chunk of the sum divided by the world size (`[len]`), bit for bit
-/// what DDP's all-reduce and division leave in those elements. The full
-/// buffer is dropped here: its memory goes the moment the sum has arrived.
+/// its chunk of DDP's average (`[len]`), bit for bit what DDP's all-reduce
+/// and division leave in those elements. The full buffer does not outlive
+/// this call.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn keep_shard(pg: &dyn ProcessGroup, in_flight: InFlight) -> Result<Tensor, DistError> {
     // TODO: wait, let the full buffer go, average this rank's chunk.
     // Keep: the tests compare bits with DDP's all-reduce and division, and
     // read the memory ledger: the full buffer must not outlive this call.
-    // Available: `in_flight.work.wait()`, `drop`, `Tensor::f_div_scalar_`,
-    // `pg.world_size()`.
+    // Yours to decide: how the chunk of the sum becomes DDP's average bit
+    // for bit, and at which point of this call the buffer goes.
+    // Available: `in_flight.work.wait()`, `drop`, `pg.world_size()`,
+    // `Tensor`'s in-place arithmetic (`f_div_scalar_`, `f_mul_scalar_`, ...).
     todo!("exercise ch13: keep_shard in src/ch13_sharded_gradients/exercise.rs")
 }
 // ANCHOR_END: stub

@@ -29,10 +29,22 @@ use std::ops::{Deref, DerefMut};
 
 use tch::nn::{self, Module};
 
+use crate::autograd::AutogradError;
 use crate::ddp::seams::{GradOpSteps, GradOpWithSteps}; // which functions a ShardGradOp runs
-use crate::dist::{DistError, Group};
+use crate::dist::{DistError, Group, ProcessGroup};
 
 pub use crate::ddp::{shard_of, BucketCaps, InFlight, Named, Shard};
+
+/// Turns an error of `crate::autograd` (`clear_grad`'s) met while doing
+/// `op` into a [`DistError`] that names this rank, as `torch_error` does
+/// for libtorch's: `clear_grad(param).map_err(autograd_error(pg, "letting a gradient go"))?`.
+pub fn autograd_error(
+    pg: &dyn ProcessGroup,
+    op: impl Into<String>,
+) -> impl FnOnce(AutogradError) -> DistError {
+    let (rank, op) = (pg.rank(), op.into());
+    move |error| DistError::Invalid { rank, op, detail: error.to_string() }
+}
 
 pub mod exercise; // the file you edit
 pub mod solution; // the reference solution

@@ -16,7 +16,7 @@
 //! | FSDP's `SHARD_GRAD_OP` (`fully_shard(reshard_after_forward=False)`), DeepSpeed's ZeRO stage 2 | `zero/grad_op.rs`: [`ShardGradOp`]; `zero/grad_shards.rs`: [`reduce_scatter_bucket`], [`keep_shard`] | 13 |
 //! | (none: PyTorch reads its caching allocator) | `memory.rs`: [`MemoryLedger`], the bytes of parameters, gradients and optimizer state a strategy holds | 11, 13, 14 |
 //! | (none: the decision guide, as arithmetic) | `plan.rs`: [`plan_memory`], the bytes of model states per device under DDP, ZeRO-1, ZeRO-2 and FSDP, and which fits | 99 |
-//! | (none: the workbook's doors for the chapters) | `seams.rs`: [`seams`], never used by the library | 2-6, 11 |
+//! | (none: the workbook's doors for the chapters) | `seams.rs`: [`seams`], never used by the library | 2-6, 11, 14 |
 //!
 //! ```no_run
 //! use ddp_workbook::ddp::SimpleDistributedDataParallelism;

@@ -20,6 +20,7 @@
 //! | [`ReducerWithSteps::with_steps`], [`OverlapSteps`] | `mark_ready`, `launch_bucket`, `finish_bucket` | 6 |
 //! | [`ZeroWithSteps::with_steps`], [`ZeroSteps`] | `shard_of`, `step_bucket` | 11 |
 //! | [`GradOpWithSteps::with_steps`], [`GradOpSteps`] | `reduce_scatter_bucket`, `keep_shard` | 13 |
+//! | [`FsdpWithSchedule::gpt_with_schedule`], [`FsdpWithSchedule::mlp_with_schedule`] | `shard_rows`, `pre_forward`, `post_forward`, `pre_backward`, `post_backward` | 14 |
 
 use std::cell::Cell;
 
@@ -32,8 +33,10 @@ use super::replica_check::InitError;
 use super::replicated::Replicated;
 use super::wrapper::no_sync::SyncSwitch;
 use super::zero::ShardedAdamW;
+use super::{FsdpOptions, FsdpSchedule, FullyShard};
 use crate::dist::{tagged, DistError, Group, ProcessGroup, Work};
 use crate::models::Named;
+use crate::models::{Gpt, Mlp};
 
 pub use super::reducer::PlanBuckets;
 pub use super::replica_check::ReplicaCheck;
@@ -286,5 +289,54 @@ impl<M: Module> GradOpWithSteps<M> for super::ShardGradOp<M> {
         steps: GradOpSteps,
     ) -> Result<Self, DistError> {
         Self::built_with(module, vs, pg, caps, lr, weight_decay, steps)
+    }
+}
+
+/// Chapter 14's door: a [`FullyShard`] whose decisions (the rows each rank
+/// keeps; what to gather, prefetch, free and reduce-scatter around each
+/// unit) are `schedule`'s instead of the library's: chapter 14 passes the
+/// learner's. The units, hooks, collectives and memory accounting stay the
+/// library's.
+pub trait FsdpWithSchedule: Sized {
+    /// [`FullyShard::gpt`] running `schedule`.
+    fn gpt_with_schedule(
+        gpt: &Gpt,
+        vs: &nn::VarStore,
+        pg: Group,
+        options: FsdpOptions,
+        schedule: FsdpSchedule,
+    ) -> Result<Self, DistError>;
+
+    /// [`FullyShard::mlp`] running `schedule`.
+    fn mlp_with_schedule(
+        mlp: &Mlp,
+        vs: &nn::VarStore,
+        pg: Group,
+        options: FsdpOptions,
+        per_layer: bool,
+        schedule: FsdpSchedule,
+    ) -> Result<Self, DistError>;
+}
+
+impl FsdpWithSchedule for FullyShard {
+    fn gpt_with_schedule(
+        gpt: &Gpt,
+        vs: &nn::VarStore,
+        pg: Group,
+        options: FsdpOptions,
+        schedule: FsdpSchedule,
+    ) -> Result<Self, DistError> {
+        FullyShard::gpt(gpt, vs, pg, FsdpOptions { schedule, ..options })
+    }
+
+    fn mlp_with_schedule(
+        mlp: &Mlp,
+        vs: &nn::VarStore,
+        pg: Group,
+        options: FsdpOptions,
+        per_layer: bool,
+        schedule: FsdpSchedule,
+    ) -> Result<Self, DistError> {
+        FullyShard::mlp(mlp, vs, pg, FsdpOptions { schedule, ..options }, per_layer)
     }
 }

@@ -45,6 +45,29 @@ impl GptConfig {
         GptConfig { vocab_size: 16, block_size: 32, n_layer: 2, n_head: 4, n_embd: 64 }
     }
 
+    /// The model of `size`, for the task of `tiny` (vocabulary 16, context
+    /// 32): the sizes the benchmarks compare against PyTorch, from about
+    /// 0.1M to 25M parameters. scripts/torch/models.py's `SIZES` holds the
+    /// same four; `cargo test --test torch_twins gpt_sizes` checks they agree.
+    pub fn of_size(size: GptSize) -> GptConfig {
+        let (n_layer, n_head, n_embd) = match size {
+            GptSize::Tiny => return GptConfig::tiny(),
+            GptSize::M2 => (10, 4, 128), // 1,991,168: narrow and deep, as GPT-2 small is at 768
+            GptSize::M10 => (6, 6, 384), // 10,672,128: nanoGPT's "baby GPT" shape
+            GptSize::M25 => (8, 8, 512), // 25,252,864: about 100 MB of f32 gradients
+        };
+        GptConfig { n_layer, n_head, n_embd, ..GptConfig::tiny() }
+    }
+
+    /// The number of parameters of a model of these sizes: per block 12 x
+    /// n_embd^2 weights (qkv 3, proj 1, fc 4, mlp proj 4) and 13 x n_embd
+    /// biases and norms; then the embeddings, the final norm and the head.
+    pub fn parameter_count(&self) -> i64 {
+        let e = self.n_embd;
+        let per_block = 12 * e * e + 13 * e;
+        self.n_layer * per_block + (self.vocab_size + self.block_size) * e + 2 * e + e * self.vocab_size
+    }
+
     /// Checks that the sizes make a model; the error says what to change.
     pub fn validate(&self) -> Result<(), String> {
         let sizes = [
@@ -69,6 +92,49 @@ impl GptConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// The model sizes the benchmarks compare, by name on the command line:
+/// `tiny` (104,192 parameters), `2m`, `10m` and `25m` ([`GptConfig::of_size`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GptSize {
+    Tiny,
+    M2,
+    M10,
+    M25,
+}
+
+impl GptSize {
+    /// Every size, smallest first.
+    pub const ALL: [GptSize; 4] = [GptSize::Tiny, GptSize::M2, GptSize::M10, GptSize::M25];
+
+    /// The size's name on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            GptSize::Tiny => "tiny",
+            GptSize::M2 => "2m",
+            GptSize::M10 => "10m",
+            GptSize::M25 => "25m",
+        }
+    }
+}
+
+impl std::fmt::Display for GptSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for GptSize {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<GptSize, String> {
+        let names: Vec<&str> = GptSize::ALL.iter().map(|s| s.name()).collect();
+        GptSize::ALL
+            .into_iter()
+            .find(|s| s.name() == name.to_ascii_lowercase())
+            .ok_or_else(|| format!("no GPT size `{name}`: use one of {}", names.join(", ")))
     }
 }
 

@@ -11,6 +11,7 @@ pub mod gpt;
 mod hooks;
 pub mod mlp;
 
+pub use gpt::GptSize;
 pub use gpt::{Gpt, GptConfig};
 pub use hooks::{LayerHooks, NoLayerHooks};
 pub use mlp::Mlp;

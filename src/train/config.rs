@@ -56,6 +56,10 @@ pub struct TrainConfig {
     /// `--shard`): everything (DDP), or its shard of AdamW's state (ZeRO-1),
     /// or of the parameters, gradients and state (FSDP's `FULL_SHARD`).
     pub shard: ShardingStrategy,
+    /// The GPT's size (`GptSize::Tiny`, the model the chapters train; the
+    /// larger ones are for the benchmarks): its layers, heads and width,
+    /// fitted to the task's vocabulary and context.
+    pub model: crate::models::GptSize,
 }
 
 // ANCHOR: sharding_strategy
@@ -126,6 +130,7 @@ impl Default for TrainConfig {
             device: tch::Device::Cpu,
             bf16_gradients: false,
             shard: ShardingStrategy::NoShard,
+            model: crate::models::GptSize::Tiny,
         }
     }
 }
@@ -294,6 +299,7 @@ impl TrainConfig {
             device,
             bf16_gradients,
             shard,
+            model,
         } = self;
         let int = |name: &str, v: usize| (name.to_string(), Setting::Int(v as i64));
         let float = |name: &str, v: f64| (name.to_string(), Setting::Float(v));
@@ -321,6 +327,7 @@ impl TrainConfig {
             // The gradients' dtype on the wire: the comm hook the run registers.
             text("grad_dtype", if *bf16_gradients { "bf16" } else { "f32" }),
             text("shard", shard.name()),
+            text("model", model.name()),
         ]
     }
 

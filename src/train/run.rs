@@ -236,12 +236,16 @@ pub(super) fn train_replicated_rank(
 // ANCHOR_END: train_rank
 
 // ANCHOR: model
-/// The run's model for `task`, before any checkpoint is loaded: the tiny GPT
-/// sized for the task, from `config.seed`. Same seed on every rank: the same
+/// The run's model for `task`, before any checkpoint is loaded: the GPT of
+/// `config.model` (the tiny one unless a benchmark asks for more) sized for
+/// the task, from `config.seed`. Same seed on every rank: the same
 /// initial weights (chapter 2).
 pub fn build_model(config: &TrainConfig, task: &TokenTask) -> (nn::VarStore, Gpt) {
-    let gpt_config =
-        GptConfig { vocab_size: task.vocab_size(), block_size: task.seq_len(), ..GptConfig::tiny() };
+    let gpt_config = GptConfig {
+        vocab_size: task.vocab_size(),
+        block_size: task.seq_len(),
+        ..GptConfig::of_size(config.model)
+    };
     let (mut vs, gpt) = Gpt::seeded(config.seed as i64, &gpt_config, Kind::Float);
     vs.set_device(config.device); // built on the CPU, bitwise alike everywhere, then moved
     (vs, gpt)

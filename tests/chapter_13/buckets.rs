@@ -5,7 +5,9 @@
 //! second without a gradient on every rank), 7 elements padded to 9. Rank
 //! r's gradients are known in advance, so the sum every rank must receive
 //! is computed here, in one process, adding rank 0's, 1's and 2's in that
-//! order, as every backend reduces, then divided by 3 as DDP divides.
+//! order, as every backend reduces, then divided by 3 as DDP divides. The
+//! values are chosen so that every rank's chunk holds an element where a
+//! multiplication by 1/3 rounds otherwise than that division.
 
 use ddp_workbook::ch13_sharded_gradients::{learner, shard_of};
 use ddp_workbook::check::same_bits;
@@ -21,7 +23,7 @@ const NUMELS: [i64; 3] = [3, 2, 2];
 /// Rank `rank`'s gradient of member `m` (None: the member gets none).
 fn gradient(rank: usize, m: usize) -> Option<Tensor> {
     (m != 1).then(|| {
-        let base = Tensor::arange(NUMELS[m], (Kind::Double, Device::Cpu)) * 0.1 + 1.0 / 3.0;
+        let base = Tensor::arange(NUMELS[m], (Kind::Double, Device::Cpu)) * 0.1 + 1.0 / 9.0;
         base * (rank as f64 + 1.0) + m as f64
     })
 }
@@ -53,9 +55,17 @@ fn ranks_sum() -> Tensor {
     (1..WORLD).fold(flat(0), |sum, r| flat(r) + sum)
 }
 
-/// DDP's average of the padded buffer: the sum divided by 3.
+/// DDP's average of the padded buffer: the sum divided by 3, as DDP's
+/// `f_div_scalar_` divides its all-reduced bucket.
 fn ddp_average() -> Tensor {
-    ranks_sum() / WORLD as f64
+    let mut average = ranks_sum();
+    let _ = average.f_div_scalar_(WORLD as f64).expect("dividing the sum");
+    average
+}
+
+/// Rank `rank`'s chunk of `buffer` (3 of the 9 elements).
+fn chunk_of(buffer: &Tensor, rank: usize) -> Tensor {
+    buffer.narrow(0, 3 * rank as i64, 3)
 }
 
 #[test]
@@ -83,11 +93,12 @@ fn reduce_scatter_bucket_sends_the_padded_gradients_and_lets_the_full_ones_go() 
             "rank {rank}: the buffer that left is {sent:?}, expected the gradients back to back \
              (zeros for the member without one), then two zeros of padding"
         );
-        let mine = average.narrow(0, 3 * rank as i64, 3);
+        let mine = chunk_of(&average, rank);
         assert!(
             same_bits(&chunk, &mine),
             "rank {rank}: after the library's finish, the shard is not DDP's average of chunk {rank}: \
-             did you reduce-scatter with ReduceOp::Sum (the division comes in keep_shard)?"
+             the library's keep_shard divides the chunk that lands by the world size, as DDP divides, \
+             so the chunk that lands must be the ranks' sum (`InFlight::chunk`)"
         );
     }
 }
@@ -102,11 +113,17 @@ fn keep_shard_holds_this_ranks_chunk_of_ddps_average() {
     });
     let average = ddp_average();
     for (rank, chunk) in got.into_iter().enumerate() {
-        let mine = average.narrow(0, 3 * rank as i64, 3);
-        let sum = ranks_sum().narrow(0, 3 * rank as i64, 3);
+        let mine = chunk_of(&average, rank);
+        let sum = chunk_of(&ranks_sum(), rank);
+        let times_a_third = &sum * (1.0 / WORLD as f64);
+        // The test's own teeth: a multiplication by 1/3 must fail on every rank.
+        assert!(
+            !same_bits(&times_a_third, &mine),
+            "the test's gradients no longer tell a multiplication by 1/3 from DDP's division in chunk {rank}"
+        );
         let cause = if same_bits(&chunk, &sum) {
-            "no division: divide the summed chunk by the world size"
-        } else if same_bits(&chunk, &(&sum * (1.0 / WORLD as f64))) {
+            "no division: the chunk that landed is the ranks' sum, and DDP keeps their average"
+        } else if same_bits(&chunk, &times_a_third) {
             "a multiplication by 1/N, which rounds otherwise than DDP's division by N"
         } else {
             "compare with DDP: the sum over the ranks, then divided by the world size"

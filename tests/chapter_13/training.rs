@@ -139,8 +139,9 @@ pub(super) fn assert_ddps_steps(case: &str, zero2: &[Vec<Named>], ddp: &[Named],
         assert!(
             from_ddp == 0.0,
             "{case}, step {}: ZeRO-2 differs from DDP by {from_ddp:e} (tolerance 0): the shard each rank \
-             keeps must hold DDP's bits, the sum over the ranks divided by the world size; see the \
-             `buckets` tests",
+             keeps must hold DDP's bits, the ranks' sum divided by the world size as DDP divides. The \
+             `buckets` tests check one bucket alone on 3 ranks (run them first); if they pass, look at \
+             what this case adds: several buckets, a bucket smaller than the world, accumulation",
             s + 1
         );
         largest = largest.max(max_reference_diff(&ranks[0], &one[s]));

@@ -29,27 +29,34 @@
 //! bits per element.
 //!
 //! The seam: each test calls [`stage_agrees`] with the workbook's run of a
-//! stage (one rank, on a group; a [`WorkbookRun`]). Today that is the DDP
-//! wrapper ([`ddp`]); the library's FSDP and ZeRO-2 runs plug in as other
-//! runs, bitwise on 3 ranks too on a group that reduce-scatters in gloo's
-//! order ([`stage_agrees_as`] with `gloo_order::in_gloo_order`).
+//! stage (one rank, on a group; a [`WorkbookRun`]): the DDP wrapper
+//! ([`ddp`]), and the library's FSDP ([`sharded`]: `ddp::FullyShard`,
+//! resharding after forward or not as the stage says), which must give
+//! FSDP2's bits on 2 and 3 ranks ([`stage_agrees_as`], `Agreement::Bitwise`):
+//! it lays out each unit's reduce-scatter buffer as FSDP2's `_chunk_cat`
+//! (rank r's part holds the r-th chunk of ceil(rows / N) rows of each
+//! parameter with a gradient, padded), divides by the same pre- and
+//! post-factors, and runs on a group that reduce-scatters in gloo's order
+//! (`gloo_order::in_gloo_order`); the optimizers step each shard element by
+//! element.
 
 use std::time::Duration;
 
 use ddp_workbook::check::{compare_to_reference, max_abs_diff, same_bits};
+use ddp_workbook::ddp::{shard_rows, FsdpSchedule};
 use ddp_workbook::dist::{spawn_with, Group, ReduceOp, SpawnOptions};
 use ddp_workbook::models::named_parameters;
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::Tensor;
 use ddp_workbook::train::AdamW;
 
-use crate::compare::Agreement;
+use crate::compare::{compare, Agreement};
 use crate::fsdp_order::{in_fsdp2_order, rows_per_rank};
 use crate::oracle_run::{self, torch_tensors};
 use crate::stages::{
     self, build, by_name, loss, micro_batch, ModelSpec, Stage, StageOptimizer, WorkbookSync,
 };
-use crate::workbook::{train, RankRun};
+use crate::workbook::{train, train_fsdp, train_fsdp_with, RankRun};
 use crate::{check_against_torch, gloo_order};
 
 /// One rank of the workbook's side of a stage, on a group: what the
@@ -76,8 +83,14 @@ pub fn stage_agrees_as(name: &str, run: impl WorkbookRun, agreement: fn(usize) -
     assert!(stage.fully_shard.is_some(), "stage `{name}` is not trained under fully_shard");
     for world_size in [2, 3] {
         let runs = ranks(&stage, world_size, &run);
-        let compared = stages::compared(&stage, world_size);
-        check_against_torch(name, world_size, &runs, agreement(world_size), compared);
+        // A bound leaves out what rounding noise makes incomparable; bits
+        // leave nothing out.
+        let agreement = agreement(world_size);
+        let compared = match agreement {
+            Agreement::Bitwise => |_: &str| true,
+            Agreement::Close => stages::compared(&stage, world_size),
+        };
+        check_against_torch(name, world_size, &runs, agreement, compared);
         equals_one_process(&stage, world_size);
     }
 }
@@ -204,6 +217,16 @@ fn ddp(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
     train(stage, pg)
 }
 
+/// The library's FSDP ([`train_fsdp`]), `reshard_after_forward` as the
+/// stage says, on a group whose float64 reduce-scatters add in gloo's ring
+/// order: its unit buffers are laid out as FSDP2's (each parameter's r-th
+/// chunk of ceil(rows / N) rows, padded, in rank r's part) and divided by
+/// the same pre- and post-factors, so it must give FSDP2's bits on any
+/// number of ranks.
+pub fn sharded(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
+    train_fsdp(stage, gloo_order::in_gloo_order(pg))
+}
+
 /// The workbook's naive sync (one all-reduce per parameter, sum then divide
 /// by the world size) and SGD, its sums added in the order FSDP2's gloo
 /// reduce-scatter adds them (fsdp_order.rs).
@@ -242,33 +265,43 @@ fn on_3_ranks_fully_shard_differs_from_the_workbooks_sync_only_by_glooss_order_o
 }
 
 #[test]
-fn fully_shard_per_block_with_sgd_equals_the_workbooks_ddp_and_one_process() {
+fn fully_shard_per_block_with_sgd_equals_the_workbooks_fsdp_ddp_and_one_process() {
     stage_agrees("fsdp_gpt_sgd", ddp);
+    stage_agrees_as("fsdp_gpt_sgd", sharded, |_| Agreement::Bitwise);
     stage_agrees("fsdp_gpt_sgd_keep", ddp);
+    stage_agrees_as("fsdp_gpt_sgd_keep", sharded, |_| Agreement::Bitwise);
 }
 
 #[test]
-fn fully_shard_per_block_with_adamw_equals_the_workbooks_ddp_and_one_process() {
+fn fully_shard_per_block_with_adamw_equals_the_workbooks_fsdp_ddp_and_one_process() {
     stage_agrees("fsdp_gpt_adamw", ddp);
+    stage_agrees_as("fsdp_gpt_adamw", sharded, |_| Agreement::Bitwise);
     stage_agrees("fsdp_gpt_adamw_keep", ddp);
+    stage_agrees_as("fsdp_gpt_adamw_keep", sharded, |_| Agreement::Bitwise);
     stage_agrees("fsdp_gpt_root_adamw", ddp);
+    stage_agrees_as("fsdp_gpt_root_adamw", sharded, |_| Agreement::Bitwise);
 }
 
 #[test]
-fn fully_shard_at_the_root_of_the_mlp_with_empty_shards_equals_the_workbooks_ddp() {
+fn fully_shard_at_the_root_of_the_mlp_with_empty_shards_equals_the_workbooks_fsdp_and_ddp() {
     stage_agrees("fsdp_mlp_sgd", ddp);
+    stage_agrees_as("fsdp_mlp_sgd", sharded, |_| Agreement::Bitwise);
     stage_agrees("fsdp_mlp_adamw_keep", ddp);
+    stage_agrees_as("fsdp_mlp_adamw_keep", sharded, |_| Agreement::Bitwise);
     stage_agrees("fsdp_two_rows", ddp);
+    stage_agrees_as("fsdp_two_rows", sharded, |_| Agreement::Bitwise);
 }
 
 #[test]
-fn fully_shard_accumulating_without_gradient_sync_equals_ddps_no_sync() {
+fn fully_shard_accumulating_without_gradient_sync_equals_the_workbooks_fsdp_and_ddps_no_sync() {
     stage_agrees("fsdp_gpt_accumulate", ddp);
+    stage_agrees_as("fsdp_gpt_accumulate", sharded, |_| Agreement::Bitwise);
 }
 
 #[test]
-fn fully_shard_leaves_a_parameter_no_rank_used_as_ddp_with_adamw_does() {
+fn fully_shard_leaves_a_parameter_no_rank_used_as_the_workbooks_fsdp_and_ddp_with_adamw_do() {
     stage_agrees("fsdp_unused_gap", ddp);
+    stage_agrees_as("fsdp_unused_gap", sharded, |_| Agreement::Bitwise);
 }
 
 /// The rows of each parameter that PyTorch's rank `rank` keeps, by name.
@@ -382,4 +415,50 @@ fn gloo_reduce_scatters_in_its_ring_order() {
              (on 2 ranks a + b has one order; on 3 they must differ, or this test cannot tell orders apart)"
         );
     }
+}
+
+/// The library's FSDP with `schedule` in place of its own, on `world_size`
+/// ranks of stage `name`: each rank's tensors against PyTorch's, compared
+/// as `agreement` says (the error, if they differ).
+fn perturbed(
+    name: &str,
+    world_size: usize,
+    schedule: FsdpSchedule,
+    agreement: Agreement,
+) -> Result<(), String> {
+    let stage = by_name(name);
+    let run = |stage: &Stage, pg: Group| train_fsdp_with(stage, gloo_order::in_gloo_order(pg), schedule);
+    for (rank, run) in ranks(&stage, world_size, &run).iter().enumerate() {
+        let what = format!("stage `{name}` on {world_size} ranks, rank {rank}");
+        let measured = compare(&what, &run.tensors, &torch_tensors(world_size, name, rank), agreement)?;
+        println!(
+            "{what}, perturbed, {agreement:?}: largest difference from PyTorch {:.3e}",
+            measured.max_abs_diff
+        );
+    }
+    Ok(())
+}
+
+/// The stages catch a wrong FSDP: one that sums the gradients without
+/// dividing by the world size, and, on 3 ranks, one that keeps other rows
+/// per rank (each rank the chunk FSDP2 gives the rank after it): its
+/// numbers are as right, within the bound, but its reduce-scatter buffer
+/// holds other elements where gloo's ring adds in another order, so its
+/// bits are not FSDP2's.
+#[test]
+fn fully_shard_stages_catch_a_wrong_divide_factor_and_another_layout() {
+    let sums = FsdpSchedule { divide_factors: |_| (1.0, 1.0), ..FsdpSchedule::default() };
+    let error =
+        perturbed("fsdp_mlp_sgd", 2, sums, Agreement::Close).expect_err("a sum passed for an average");
+    assert!(error.contains(".grad."), "the sum's gradients must be reported first: {error}");
+    println!("{error}");
+    let rotated = FsdpSchedule {
+        shard_rows: |rows, world_size, rank| shard_rows(rows, world_size, (rank + 1) % world_size),
+        ..FsdpSchedule::default()
+    };
+    perturbed("fsdp_gpt_sgd", 3, rotated, Agreement::Close)
+        .expect("another layout is as right, within the bound");
+    let error = perturbed("fsdp_gpt_sgd", 3, rotated, Agreement::Bitwise)
+        .expect_err("another layout gave FSDP2's bits");
+    assert!(error.contains("not bitwise equal"), "{error}");
 }

@@ -3,8 +3,9 @@
 //! tests' harness: the test binary starts itself as the ranks), against the
 //! same PyTorch runs as the in-process ranks. One job per world size runs
 //! every stage; each rank writes its tensors, the test compares them.
-//! The `fsdp_*` stages too: the workbook's DDP on MPI against PyTorch's
-//! `fully_shard` (fsdp.rs says why they agree).
+//! The `fsdp_*` stages run the library's FSDP (`fsdp::sharded`) on MPI
+//! against PyTorch's `fully_shard`, bitwise on 2 and 3 ranks (fsdp.rs says
+//! why they agree).
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
 use std::path::{Path, PathBuf};
@@ -33,7 +34,11 @@ fn on_mpi_every_stage_equals_pytorch_ddp() {
                 let dir = PathBuf::from(std::env::var(OUT)?);
                 let rank = pg.rank();
                 for stage in stages() {
-                    let run = train(&stage, pg.clone())?;
+                    let run = if stage.fully_shard.is_some() {
+                        crate::fsdp::sharded(&stage, pg.clone())?
+                    } else {
+                        train(&stage, pg.clone())?
+                    };
                     std::fs::create_dir_all(dir.join(stage.name))?;
                     Tensor::write_safetensors(
                         &run.tensors,
@@ -55,7 +60,9 @@ fn on_mpi_every_stage_equals_pytorch_ddp() {
                     RankRun::from_tensors(tensors)
                 })
                 .collect();
-            if stage.no_sync == NoSync::ForwardOnly {
+            if stage.fully_shard.is_some() {
+                check_against_torch(stage.name, world_size, &runs, Agreement::Bitwise, |_| true);
+            } else if stage.no_sync == NoSync::ForwardOnly {
                 check_against_torch(stage.name, world_size, &runs, Agreement::Close, after_the_deferred_sync);
             } else if let Some(agreement) = Agreement::of(&stage, world_size) {
                 let compared = crate::stages::compared(&stage, world_size);

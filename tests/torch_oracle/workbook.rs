@@ -7,8 +7,9 @@
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
 use ddp_workbook::ddp::{
-    bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, BucketCaps, Replicated, ShardedAdamW,
-    SimpleDistributedDataParallelism, StepOptimizer, UnusedParameters,
+    bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, BucketCaps, FsdpAdamW, FsdpOptions,
+    FsdpSchedule, FsdpSgd, FullyShard, Replicated, ShardedAdamW, SimpleDistributedDataParallelism,
+    StepOptimizer, UnusedParameters,
 };
 use ddp_workbook::dist::Group;
 use ddp_workbook::models::named_parameters;
@@ -17,7 +18,9 @@ use ddp_workbook::tch::{TchError, Tensor};
 use ddp_workbook::train::AdamW;
 
 use super::gloo_order::in_gloo_order;
-use super::stages::{build, loss, micro_batch, Bf16Hook, NoSync, Stage, StageOptimizer, Twin, WorkbookSync};
+use super::stages::{
+    build, loss, micro_batch, Bf16Hook, FsdpUnits, NoSync, Stage, StageOptimizer, Twin, WorkbookSync,
+};
 
 /// What one rank computed, and how many gradient syncs it ran.
 pub struct RankRun {
@@ -270,4 +273,122 @@ fn sgd_step(params: &[(String, Tensor)], lr: f64, step: usize, out: &mut Vec<(St
         }
     });
     record_params(params, step, out);
+}
+
+/// One rank of an `fsdp_*` stage with the library's FSDP ([`FullyShard`]):
+/// units as the stage applies `fully_shard` (each GPT block and the root,
+/// or the root alone), `reshard_after_forward` as it says, accumulation
+/// through `set_requires_gradient_sync`, and [`FsdpSgd`] or [`FsdpAdamW`]
+/// on the shards. Records what the oracle records from FSDP2, under the
+/// same names: the full averaged gradients after the last micro-batch of a
+/// step (gathered back, as `full_tensor()` does; none for a parameter
+/// without a gradient shard, as FSDP2's `.grad` is then None) and the full
+/// parameters after each step.
+pub fn train_fsdp(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
+    train_fsdp_with(stage, pg, FsdpSchedule::default())
+}
+
+/// [`train_fsdp`] with `schedule`'s decisions (the rows, the divide
+/// factors, ...) in place of the library's: how the tests perturb it.
+pub fn train_fsdp_with(stage: &Stage, pg: Group, schedule: FsdpSchedule) -> anyhow::Result<RankRun> {
+    ddp_workbook::tch::set_num_threads(1);
+    let name = stage.name;
+    let Some(shard) = stage.fully_shard else {
+        anyhow::bail!("stage `{name}` is not trained under fully_shard: run it with `train`")
+    };
+    let rank = pg.rank();
+    let (vs, model) = build(&stage.model);
+    let params = named_parameters(&vs);
+    let mut out = Vec::new();
+    // Before sharding: FullyShard frees the model's full parameters.
+    let first = micro_batch(stage, rank, 0, 0);
+    out.push(("forward".to_string(), ddp_workbook::tch::no_grad(|| model.forward(&first.input))));
+    let options = FsdpOptions {
+        reshard_after_forward: shard.reshard_after_forward,
+        schedule,
+        ..FsdpOptions::default()
+    };
+    let fsdp = match (&model, shard.units) {
+        (Twin::Gpt(gpt), FsdpUnits::PerBlock) => FullyShard::gpt(gpt, &vs, pg.clone(), options)?,
+        (_, FsdpUnits::Root) => {
+            FullyShard::new(&params, vec![("root".into(), (0..params.len()).collect())], pg.clone(), options)?
+        }
+        (_, FsdpUnits::PerBlock) => {
+            anyhow::bail!("stage `{name}`: only the GPT has blocks to shard one by one; shard the root")
+        }
+    };
+    let mut adamw = match stage.optimizer {
+        StageOptimizer::Sgd => None,
+        StageOptimizer::AdamW => Some(FsdpAdamW::new(&fsdp, stage.lr, stage.weight_decay)),
+        StageOptimizer::Zero1 => anyhow::bail!("stage `{name}`: FSDP steps with SGD or AdamW, not ZeRO-1"),
+    };
+    let forward = |input: &Tensor| {
+        fsdp.forward_with(|hooks| match &model {
+            Twin::Gpt(gpt) => gpt.forward_with_hooks(input, hooks),
+            other => other.forward(input), // one unit: no layer hooks to run
+        })
+    };
+    for step in 0..stage.steps {
+        fsdp.zero_grad(); // FSDP2's zero_grad(set_to_none=True)
+        for m in 0..stage.micro_batches {
+            let b = micro_batch(stage, rank, step, m);
+            model.choose_branch(b.use_branch);
+            let last = m + 1 == stage.micro_batches;
+            match stage.no_sync {
+                NoSync::Never => {}
+                NoSync::AllButLast => fsdp.set_requires_gradient_sync(last),
+                NoSync::ForwardOnly => anyhow::bail!("stage `{name}`: FSDP has no forward-only no_sync"),
+            }
+            fsdp.backward(&loss(stage, &forward(&b.input)?, &b.target))?;
+            if last {
+                record_full_gradients(&fsdp, &pg, &params, schedule, step, m, &mut out)?;
+            }
+        }
+        match &mut adamw {
+            Some(adamw) => adamw.step(&fsdp)?,
+            None => FsdpSgd { lr: stage.lr }.step(&fsdp)?,
+        }
+        for (name, full) in fsdp.full_parameters()? {
+            out.push((format!("step{step}.param.{name}"), full));
+        }
+    }
+    Ok(RankRun { parameters: names(&params), ..RankRun::from_tensors(out) })
+}
+
+/// Every averaged gradient, gathered whole from the ranks' shards (each
+/// padded to `ceil(rows / N)` rows, as FSDP2's `full_tensor()` gathers
+/// them), after micro-batch `m` of `step`. A collective: every rank holds
+/// a gradient shard of the same parameters.
+fn record_full_gradients(
+    fsdp: &FullyShard,
+    pg: &Group,
+    params: &[(String, Tensor)],
+    schedule: FsdpSchedule,
+    step: usize,
+    m: usize,
+    out: &mut Vec<(String, Tensor)>,
+) -> anyhow::Result<()> {
+    let world = pg.world_size();
+    for p in fsdp.sharded_parameters() {
+        let Some(grad) = p.grad else { continue };
+        let (_, full) =
+            params.iter().find(|(n, _)| *n == p.name).expect("FSDP shards the model's parameters");
+        let rows = full.size().first().copied().unwrap_or(1);
+        let row_numel = if rows == 0 { 0 } else { full.numel() as i64 / rows };
+        let chunk = (rows + world as i64 - 1) / world as i64;
+        let padded = Tensor::zeros([chunk * row_numel], (grad.kind(), grad.device()));
+        padded.narrow(0, 0, grad.numel() as i64).copy_(&grad);
+        let gathered = pg.all_gather(&padded)?;
+        let whole = Tensor::zeros([rows * row_numel], (grad.kind(), grad.device()));
+        for (r, part) in gathered.iter().enumerate() {
+            let (start, count) = (schedule.shard_rows)(rows, world, r);
+            whole.narrow(0, start * row_numel, count * row_numel).copy_(&part.narrow(
+                0,
+                0,
+                count * row_numel,
+            ));
+        }
+        out.push((format!("step{step}.mb{m}.grad.{}", p.name), whole.reshape(full.size())));
+    }
+    Ok(())
 }

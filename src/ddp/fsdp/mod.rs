@@ -191,8 +191,9 @@ struct Driver {
     place: Vec<(usize, usize)>,
     gathers: HashMap<usize, Pending<Vec<Tensor>>>,
     /// Issued reduce-scatters: the unit, the bytes of its input (alive
-    /// until the result is taken) and where the result arrives.
-    reduce_scatters: VecDeque<(usize, usize, Pending<Tensor>)>,
+    /// until the result is taken), the unit's parameters it holds and where
+    /// the result arrives.
+    reduce_scatters: VecDeque<(usize, usize, Vec<usize>, Pending<Tensor>)>,
     /// Per unit: gradients accumulated in this backward, and whether its
     /// post-backward ran.
     ready: Vec<usize>,
@@ -314,10 +315,20 @@ impl Driver {
         let (pre, _) = (self.schedule.divide_factors)(self.pg.world_size());
         let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
         let unit = &mut self.units[u];
-        let input = unit.reduce_scatter_input(pg.as_ref(), pre, &ledger)?;
+        let (input, with_grad) = unit.reduce_scatter_input(pg.as_ref(), pre, &ledger)?;
         let bytes = crate::ddp::memory::tensor_bytes(&input);
         ledger.alloc(Holding::Gradients, bytes, &format!("reduce-scatter input of {}", unit.name));
-        let (events, tag) = (self.events.clone(), format!("fsdp reduce-scatter of {}", unit.name));
+        // Only the parameters with a gradient are in it (FSDP2's rule): a
+        // rank whose set differs calls it with another length, and the
+        // error should say which set, and what to do.
+        let tag = format!(
+            "fsdp reduce-scatter of {} ({} of its {} parameters have a gradient on this rank: every rank must \
+             use the same parameters in a step: add 0 * p.sum() to the loss for one a rank skips)",
+            unit.name,
+            with_grad.len(),
+            unit.params.len()
+        );
+        let events = self.events.clone();
         let result = self.comm.submit(move || {
             let output = if input.numel() == 0 {
                 Ok(input)
@@ -327,7 +338,7 @@ impl Driver {
             events.push(FsdpEvent::ReduceScatterDone(u));
             output
         });
-        self.reduce_scatters.push_back((u, bytes, result));
+        self.reduce_scatters.push_back((u, bytes, with_grad, result));
         self.log(FsdpEvent::ReduceScatterIssued(u));
         Ok(())
     }
@@ -355,7 +366,7 @@ impl Driver {
     }
 
     /// After `loss.backward()` returned: the units whose backward did not
-    /// complete (a parameter got no gradient: zeros stand in), then every
+    /// complete (a parameter got no gradient: it is left out), then every
     /// reduce-scatter's result, then whatever is still gathered is freed.
     fn finish_backward(&mut self) -> Result<(), DistError> {
         for u in 0..self.units.len() {
@@ -364,13 +375,15 @@ impl Driver {
             }
         }
         let (_, post) = (self.schedule.divide_factors)(self.pg.world_size());
-        while let Some((u, bytes, pending)) = self.reduce_scatters.pop_front() {
+        while let Some((u, bytes, with_grad, pending)) = self.reduce_scatters.pop_front() {
             let output = pending.recv().unwrap_or_else(|_| Err(self.stopped("reduce-scatter")));
             self.ledger.free(Holding::Gradients, bytes, "reduce-scatter input done");
             match output {
                 Ok(output) if self.error.is_none() => {
                     let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
-                    if let Err(error) = self.units[u].take_reduced(pg.as_ref(), output, post, &ledger) {
+                    if let Err(error) =
+                        self.units[u].take_reduced(pg.as_ref(), output, &with_grad, post, &ledger)
+                    {
                         self.error = Some(error);
                     }
                 }
@@ -802,9 +815,9 @@ impl FsdpSgd {
 
 /// AdamW on the shards ([`AdamWUpdate`], per-parameter step counts): each
 /// rank keeps the moments of its rows only, 1/N of plain AdamW's. A
-/// parameter that no rank used in a step has a zero gradient shard here
-/// (FSDP2 leaves it without one), so AdamW steps it: its moments decay and
-/// weight decay applies, where one process's AdamW would skip it.
+/// parameter that no rank used in a step has no gradient shard (as under
+/// FSDP2, whose `.grad` is then None): AdamW skips it, its moments and its
+/// step count stay, as one process's AdamW does.
 pub struct FsdpAdamW {
     pub lr: f64,
     pub beta1: f64,

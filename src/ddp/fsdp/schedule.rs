@@ -7,6 +7,7 @@
 //! (the rows), `FSDPParamGroup.pre_forward` / `post_forward` /
 //! `pre_backward` / `post_backward` and its explicit prefetching.
 
+// ANCHOR: actions
 /// One thing the driver does to a unit (units are numbered in forward
 /// order; the root, unit 0, runs first and ends last).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +37,7 @@ pub struct UnitAt {
     /// False inside `no_sync` (`set_requires_gradient_sync(False)`).
     pub requires_gradient_sync: bool,
 }
+// ANCHOR_END: actions
 
 /// The schedule's functions, swapped as one (chapter 14 plugs in the
 /// learner's through `ddp::seams`).

@@ -225,33 +225,42 @@ impl Unit {
         Ok(())
     }
 
-    /// The reduce-scatter's input: each full gradient (zeros for a
-    /// parameter without one) padded to `world_size * chunk` rows, cut into
-    /// one chunk per rank, and the chunks laid out rank by rank (PyTorch's
-    /// `_chunk_cat`), divided by `pre`. Frees the full gradients.
+    /// The reduce-scatter's input: each full gradient padded to
+    /// `world_size * chunk` rows, cut into one chunk per rank, and the
+    /// chunks laid out rank by rank (PyTorch's `_chunk_cat`), divided by
+    /// `pre`; and which parameters it holds. Frees the full gradients.
+    ///
+    /// A parameter without a gradient is left out, as FSDP2's
+    /// `post_backward` keeps only `fsdp_params_with_grad`: it then gets no
+    /// gradient shard, and the optimizer skips it, where a zero gradient
+    /// would let AdamW's moments and weight decay move it. As under FSDP2,
+    /// every rank must have gradients for the same parameters (a parameter
+    /// that some ranks used and others not gives inputs of other lengths).
     pub fn reduce_scatter_input(
         &mut self,
         pg: &dyn ProcessGroup,
         pre: f64,
         ledger: &MemoryLedger,
-    ) -> Result<Tensor, DistError> {
+    ) -> Result<(Tensor, Vec<usize>), DistError> {
         let world = pg.world_size() as i64;
         let mut columns = vec![];
-        for p in &mut self.params {
+        let mut with_grad = vec![];
+        for (j, p) in self.params.iter_mut().enumerate() {
             let grad = p.full.grad();
-            let padded = tch::no_grad(|| -> Result<Tensor, tch::TchError> {
-                let padded = Tensor::f_zeros([world, p.padded_numel()], (self.kind, tch::Device::Cpu))?;
-                if grad.defined() {
+            if grad.defined() {
+                let padded = tch::no_grad(|| -> Result<Tensor, tch::TchError> {
+                    let padded = Tensor::f_zeros([world, p.padded_numel()], (self.kind, tch::Device::Cpu))?;
                     let flat = grad.f_reshape([-1])?;
                     for (r, &(start, count)) in p.layout.iter().enumerate() {
                         let rows = flat.f_narrow(0, start * p.row_numel, count * p.row_numel)?;
                         padded.get(r as i64).f_narrow(0, 0, count * p.row_numel)?.f_copy_(&rows)?;
                     }
-                }
-                Ok(padded)
-            })
-            .map_err(torch(pg, "reduce-scatter input"))?;
-            columns.push(padded);
+                    Ok(padded)
+                })
+                .map_err(torch(pg, "reduce-scatter input"))?;
+                columns.push(padded);
+                with_grad.push(j);
+            }
             if p.grad_counted {
                 p.grad_counted = false;
                 ledger.free(Holding::Gradients, p.full_bytes(), &format!("free the gradient of {}", p.name));
@@ -272,21 +281,24 @@ impl Unit {
             Ok(input)
         })
         .map_err(torch(pg, "reduce-scatter input"))?;
-        Ok(input)
+        Ok((input, with_grad))
     }
 
-    /// Takes this rank's output of the reduce-scatter: divides by `post`
-    /// and adds each parameter's part to its gradient shard (FSDP2
-    /// accumulates into a sharded gradient that was not zeroed).
+    /// Takes this rank's output of the reduce-scatter of the parameters
+    /// `with_grad` (as `reduce_scatter_input` gave them): divides by `post`
+    /// and adds each one's part to its gradient shard (FSDP2 accumulates
+    /// into a sharded gradient that was not zeroed).
     pub fn take_reduced(
         &mut self,
         pg: &dyn ProcessGroup,
         output: Tensor,
+        with_grad: &[usize],
         post: f64,
         ledger: &MemoryLedger,
     ) -> Result<(), DistError> {
         let mut offset = 0;
-        for p in &mut self.params {
+        for &j in with_grad {
+            let p = &mut self.params[j];
             let mut part = output.narrow(0, offset, p.padded_numel());
             offset += p.padded_numel();
             tch::no_grad(|| -> Result<(), tch::TchError> {

@@ -266,7 +266,7 @@ impl<M: Module> ShardGradOp<M> {
                 let label = format!("bucket {b}'s buffers, given up after a panic");
                 ledger.free(
                     Holding::Gradients,
-                    tensor_bytes(&in_flight.flat) + tensor_bytes(&in_flight.shard),
+                    tensor_bytes(&in_flight.flat) + tensor_bytes(&in_flight.chunk),
                     &label,
                 );
             }
@@ -575,10 +575,10 @@ impl Backward {
                 in_flight.flat.numel(),
                 shard.padded_numel
             ))
-        } else if in_flight.shard.numel() != shard.len {
+        } else if in_flight.chunk.numel() != shard.len {
             Some(format!(
                 "its output has {} elements, this rank's shard {}",
-                in_flight.shard.numel(),
+                in_flight.chunk.numel(),
                 shard.len
             ))
         } else {
@@ -589,7 +589,7 @@ impl Backward {
             self.in_flight.push_back((b, in_flight)); // still waited for: the peers' calls pair with it
             return Err(DistError::Invalid { rank: pg.rank(), op: "ZeRO-2 backward".into(), detail });
         }
-        let shard_bytes = tensor_bytes(&in_flight.shard);
+        let shard_bytes = tensor_bytes(&in_flight.chunk);
         self.ledger.alloc(Holding::Gradients, shard_bytes, &format!("bucket {b}'s gradient shard, arriving"));
         self.in_flight.push_back((b, in_flight));
         Ok(())
@@ -636,7 +636,7 @@ impl Backward {
     /// (adding to one an earlier sync of this step left).
     fn finish_oldest(&mut self) -> Result<(), DistError> {
         let Some((b, in_flight)) = self.in_flight.pop_front() else { return Ok(()) };
-        let (flat_bytes, out_bytes) = (tensor_bytes(&in_flight.flat), tensor_bytes(&in_flight.shard));
+        let (flat_bytes, out_bytes) = (tensor_bytes(&in_flight.flat), tensor_bytes(&in_flight.chunk));
         let pg = self.pg.clone();
         let finished = (self.steps.keep_shard)(pg.as_ref(), in_flight);
         self.ledger.free(Holding::Gradients, flat_bytes, &format!("bucket {b}'s flat gradient goes"));

@@ -26,7 +26,7 @@ pub struct InFlight {
     /// `work` is waited on; after that nothing needs it.
     pub flat: Tensor,
     /// `[len]`: where this rank's chunk of the ranks' sum lands.
-    pub shard: Tensor,
+    pub chunk: Tensor,
     /// The reduce-scatter's handle.
     pub work: Work,
 }
@@ -74,21 +74,21 @@ pub fn reduce_scatter_bucket(
         Tensor::f_empty([shard.len as i64], (kind, device)).map_err(torch_error(pg, "a gradient shard"))?;
     // Sum, as DDP's all-reduce sums; the division comes after, as in DDP.
     let work = pg.reduce_scatter_async(&flat, ReduceOp::Sum, &out)?;
-    Ok(InFlight { flat, shard: out, work })
+    Ok(InFlight { flat, chunk: out, work })
 }
 // ANCHOR_END: reduce_scatter_bucket
 
 // ANCHOR: keep_shard
 /// Waits for one bucket's reduce-scatter and returns what this rank keeps:
-/// its chunk of the sum divided by the world size (`[len]`), bit for bit
-/// what DDP's all-reduce and division leave in those elements. The full
-/// buffer is dropped here: its memory goes the moment the sum has arrived.
+/// its chunk of DDP's average (`[len]`), bit for bit what DDP's all-reduce
+/// and division leave in those elements. The full buffer does not outlive
+/// this call.
 pub fn keep_shard(pg: &dyn ProcessGroup, in_flight: InFlight) -> Result<Tensor, DistError> {
-    let InFlight { flat, mut shard, work } = in_flight;
+    let InFlight { flat, mut chunk, work } = in_flight;
     work.wait()?;
     drop(flat); // the reduce-scatter has read it: the full bucket goes
-    let _ = tch::no_grad(|| shard.f_div_scalar_(pg.world_size() as f64))
+    let _ = tch::no_grad(|| chunk.f_div_scalar_(pg.world_size() as f64))
         .map_err(torch_error(pg, "dividing the gradient shard by the world size"))?;
-    Ok(shard)
+    Ok(chunk)
 }
 // ANCHOR_END: keep_shard
