@@ -16,7 +16,7 @@ use ddp_workbook::models::{named_buffers, named_parameters};
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::{self, Tensor};
 use ddp_workbook::train::checkpoint::{self, sharded};
-use ddp_workbook::train::{self, build_model, lr_at, AdamW, ShardingStrategy, TrainConfig};
+use ddp_workbook::train::{self, build_model, lr_at, AdamW, ConfigError, ShardingStrategy, TrainConfig};
 use train_runs::{run, scratch};
 
 /// The shared small run under FSDP on `world_size` ranks.
@@ -159,6 +159,9 @@ fn a_bad_sharded_checkpoint_or_another_strategy_is_refused_in_words() {
         format!("{:#}", train::train(&config, &|_| {}).map(|_| ()).expect_err("the resume must be refused"))
     };
     run(&first);
+    // On a GPU: refused before any rank starts (FSDP frees storage on the CPU only).
+    let on_gpu = TrainConfig { device: tch::Device::Cuda(0), ..reshard_run(2) };
+    assert!(matches!(on_gpu.validate(), Err(ConfigError::FullShardOnGpu)), "--shard full on a GPU");
     // Another strategy: refused by the settings check, naming it.
     let plain = resume(TrainConfig { shard: ShardingStrategy::NoShard, ..reshard_run(2) });
     assert!(plain.contains("shard: checkpoint full, this run none"), "{plain}");
