@@ -6,10 +6,11 @@
 //! `spawn`, or MPI processes.
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
+use ddp_workbook::ddp::seams::{GradOpSteps, GradOpWithSteps};
 use ddp_workbook::ddp::{
     bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, BucketCaps, FsdpAdamW, FsdpOptions,
-    FsdpSchedule, FsdpSgd, FullyShard, Replicated, ShardedAdamW, SimpleDistributedDataParallelism,
-    StepOptimizer, UnusedParameters,
+    FsdpSchedule, FsdpSgd, FullyShard, Replicated, ShardGradOp, ShardedAdamW,
+    SimpleDistributedDataParallelism, StepOptimizer, UnusedParameters,
 };
 use ddp_workbook::dist::Group;
 use ddp_workbook::models::named_parameters;
@@ -389,6 +390,98 @@ fn record_full_gradients(
             ));
         }
         out.push((format!("step{step}.mb{m}.grad.{}", p.name), whole.reshape(full.size())));
+    }
+    Ok(())
+}
+
+/// One rank of an AdamW `fsdp_*` stage with the library's ZeRO-2
+/// ([`ShardGradOp`]: FSDP's SHARD_GRAD_OP, `fully_shard(
+/// reshard_after_forward=False)`), the stage's `find_unused_parameters`,
+/// accumulation through its `no_sync`. Records what the oracle records
+/// from FSDP2, under the DDP runs' names: the full averaged gradients after
+/// the last micro-batch of a step, gathered from the ranks' shards (none
+/// for a parameter no rank gave a gradient: FSDP2's `.grad` is then None),
+/// and the parameters after each step. ZeRO-2 steps AdamW only: an SGD
+/// stage is refused.
+pub fn train_zero2(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
+    train_zero2_with(stage, pg, GradOpSteps::default())
+}
+
+/// [`train_zero2`] running `steps` in place of the library's
+/// `reduce_scatter_bucket` and `keep_shard`: how the tests perturb it.
+pub fn train_zero2_with(stage: &Stage, pg: Group, steps: GradOpSteps) -> anyhow::Result<RankRun> {
+    ddp_workbook::tch::set_num_threads(1);
+    let name = stage.name;
+    let WorkbookSync::Wrapper { caps, find_unused } = stage.sync else {
+        anyhow::bail!("stage `{name}` syncs naively: ZeRO-2 runs the stages of the DDP wrapper")
+    };
+    anyhow::ensure!(
+        stage.optimizer == StageOptimizer::AdamW,
+        "stage `{name}` steps by {:?}: ZeRO-2 shards AdamW's state and steps AdamW only; run it with \
+         `train` or `train_fsdp`",
+        stage.optimizer
+    );
+    let rank = pg.rank();
+    let (vs, model) = build(&stage.model);
+    let mut out = Vec::new();
+    let first = micro_batch(stage, rank, 0, 0);
+    out.push(("forward".to_string(), ddp_workbook::tch::no_grad(|| model.forward(&first.input))));
+    let mut zero2 =
+        ShardGradOp::with_steps(model, &vs, pg.clone(), caps, stage.lr, stage.weight_decay, steps)?
+            .find_unused_parameters(find_unused);
+    for step in 0..stage.steps {
+        zero2.zero_grad()?;
+        for m in 0..stage.micro_batches {
+            let b = micro_batch(stage, rank, step, m);
+            zero2.module().choose_branch(b.use_branch);
+            let last = m + 1 == stage.micro_batches;
+            let loss = loss(stage, &zero2.forward(&b.input), &b.target);
+            match stage.no_sync {
+                NoSync::Never => zero2.backward(&loss)?,
+                NoSync::AllButLast if !last => {
+                    let _no_sync = zero2.no_sync();
+                    zero2.backward(&loss)?;
+                }
+                NoSync::AllButLast => zero2.backward(&loss)?,
+                NoSync::ForwardOnly => anyhow::bail!("stage `{name}`: ZeRO-2 has no forward-only no_sync"),
+            }
+            if last {
+                record_zero2_gradients(&zero2, &pg, step, m, &mut out)?;
+            }
+        }
+        zero2.step()?;
+        record_params(zero2.parameters(), step, &mut out);
+    }
+    Ok(RankRun { parameters: names(zero2.parameters()), ..RankRun::from_tensors(out) })
+}
+
+/// Every averaged gradient some rank computed, gathered whole from the
+/// ranks' shards of each flat bucket, after micro-batch `m` of `step`. A
+/// collective: every rank holds a shard of every bucket.
+fn record_zero2_gradients(
+    zero2: &ShardGradOp<Twin>,
+    pg: &Group,
+    step: usize,
+    m: usize,
+    out: &mut Vec<(String, Tensor)>,
+) -> anyhow::Result<()> {
+    let params = zero2.parameters();
+    let without = zero2.without_gradient();
+    for (b, (bucket, shard)) in zero2.layout().iter().zip(zero2.gradient_shards()).enumerate() {
+        let Some(shard) = shard else {
+            anyhow::bail!("bucket {b} holds no gradient shard after the step's synced backward")
+        };
+        let flat = Tensor::cat(&pg.all_gather(&shard)?, 0);
+        let mut offset = 0;
+        for &i in &bucket.params {
+            let (name, p) = &params[i];
+            let numel = p.numel() as i64;
+            if !without.contains(name) {
+                let grad = flat.narrow(0, offset, numel).view(p.size().as_slice()).copy();
+                out.push((format!("step{step}.mb{m}.grad.{name}"), grad));
+            }
+            offset += numel;
+        }
     }
     Ok(())
 }

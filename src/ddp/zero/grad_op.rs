@@ -508,6 +508,29 @@ impl<M: Module> ShardGradOp<M> {
         self.step = step;
         Ok(())
     }
+
+    /// Per bucket, this rank's averaged gradient shard (`[len]`, in the
+    /// bucket's coordinates from its shard's offset), as the step's synced
+    /// backward left it; None before that and after `step` or `zero_grad`.
+    /// What FSDP2's sharded `.grad` holds: gather it to see full gradients.
+    pub fn gradient_shards(&self) -> Vec<Option<Tensor>> {
+        self.lock().grad_shards.iter().map(|s| s.as_ref().map(Tensor::shallow_clone)).collect()
+    }
+
+    /// The parameters no rank gave a gradient in any synced backward since
+    /// the last step (with `find_unused_parameters`): their shard holds
+    /// zeros, and `step` leaves them alone, as PyTorch's AdamW leaves a
+    /// parameter whose `.grad` is None.
+    pub fn without_gradient(&self) -> Vec<String> {
+        let state = self.lock();
+        state
+            .params
+            .iter()
+            .zip(&state.used_anywhere)
+            .filter(|(_, &u)| !u)
+            .map(|((n, _), _)| n.clone())
+            .collect()
+    }
 }
 
 /// The replicated model's accessors: `forward`, `parameters`, `rank`, ...
