@@ -470,7 +470,7 @@ fn fully_shard_stages_catch_a_wrong_divide_factor_and_another_layout() {
 /// whose PyTorch run reshards after forward: resharding changes when
 /// FSDP2 frees parameters, not one number (the library's FSDP gives its
 /// bits either way), and it is the stage with a parameter no rank uses.
-const ZERO2_STAGES: [&str; 3] = ["fsdp_gpt_adamw_keep", "fsdp_mlp_adamw_keep", "fsdp_unused_gap"];
+pub const ZERO2_STAGES: [&str; 3] = ["fsdp_gpt_adamw_keep", "fsdp_mlp_adamw_keep", "fsdp_unused_gap"];
 
 /// The library's ZeRO-2 against PyTorch's `fully_shard` without resharding
 /// after forward: bitwise on 2 ranks, within the oracle's bound on 3.
