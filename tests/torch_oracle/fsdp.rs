@@ -43,21 +43,21 @@
 use std::time::Duration;
 
 use ddp_workbook::check::{compare_to_reference, max_abs_diff, same_bits};
-use ddp_workbook::ddp::seams::GradOpSteps;
-use ddp_workbook::ddp::{shard_rows, FsdpSchedule, InFlight};
-use ddp_workbook::dist::{spawn_with, DistError, Group, ProcessGroup, ReduceOp, SpawnOptions};
+use ddp_workbook::ddp::{shard_rows, FsdpSchedule};
+use ddp_workbook::dist::{spawn_with, DistError, Group, ReduceOp, SpawnOptions};
 use ddp_workbook::models::named_parameters;
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::Tensor;
 use ddp_workbook::train::AdamW;
 
 use crate::compare::{compare, Agreement};
+use crate::forwarding::{Forwarding, Intercept};
 use crate::fsdp_order::{in_fsdp2_order, rows_per_rank};
 use crate::oracle_run::{self, torch_tensors};
 use crate::stages::{
     self, build, by_name, loss, micro_batch, ModelSpec, Stage, StageOptimizer, WorkbookSync,
 };
-use crate::workbook::{train, train_fsdp, train_fsdp_with, train_zero2, train_zero2_with, RankRun};
+use crate::workbook::{train, train_fsdp, train_fsdp_with, train_zero2, RankRun};
 use crate::{check_against_torch, gloo_order};
 
 /// One rank of the workbook's side of a stage, on a group: what the
@@ -529,23 +529,31 @@ fn ranks_result(stage: &Stage, world_size: usize, run: &impl WorkbookRun) -> Res
     spawn_with(options, |pg| run(stage, pg)).map_err(|e| e.to_string())
 }
 
-/// ZeRO-2's keep_shard without its division: this rank's chunk of the sum.
-fn keep_the_sum(pg: &dyn ProcessGroup, in_flight: InFlight) -> Result<Tensor, DistError> {
-    let InFlight { flat, shard, work } = in_flight;
-    let _ = pg; // the perturbation: no division by pg.world_size()
-    work.wait()?;
-    drop(flat);
-    Ok(shard)
+/// A group whose reduce-scatter delivers the sum times the world size:
+/// ZeRO-2's division by the world size then leaves the sum, not the
+/// average, in each rank's gradient shard.
+struct TimesWorldSize;
+
+impl Intercept for TimesWorldSize {
+    fn reduce_scatter(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
+        Ok(inner.reduce_scatter(tensor, op)? * inner.world_size() as f64)
+    }
 }
 
-/// The ZeRO-2 stage catches a ZeRO-2 that keeps the sum of the gradients,
-/// not their average (its `keep_shard` through the steps seam): its
-/// gradients are off by the world size, reported first.
+/// The ZeRO-2 stages catch a ZeRO-2 that keeps the sum of the gradients,
+/// not their average: its gradients are off by the world size, reported
+/// first.
 #[test]
 fn zero2_stages_catch_a_wrong_division() {
-    let steps = GradOpSteps { keep_shard: keep_the_sum, ..GradOpSteps::default() };
     let name = "fsdp_mlp_adamw_keep";
-    let run = |stage: &Stage, pg: Group| train_zero2_with(stage, pg, steps);
+    let run = |stage: &Stage, pg: Group| {
+        let sums: Group = std::sync::Arc::new(Forwarding {
+            inner: pg,
+            name: "sums, not averages",
+            intercept: TimesWorldSize,
+        });
+        train_zero2(stage, sums)
+    };
     let runs = ranks(&by_name(name), 2, &run);
     let error = compare("perturbed ZeRO-2", &runs[0].tensors, &torch_tensors(2, name, 0), Agreement::Close)
         .expect_err("a sum passed for an average");

@@ -6,7 +6,6 @@
 //! `spawn`, or MPI processes.
 //! Compiled into `cargo test --features solutions,mpi,nccl --test torch_oracle`.
 
-use ddp_workbook::ddp::seams::{GradOpSteps, GradOpWithSteps};
 use ddp_workbook::ddp::{
     bf16_compress_hook, bf16_compress_hook_pytorch_order, naive, BucketCaps, FsdpAdamW, FsdpOptions,
     FsdpSchedule, FsdpSgd, FullyShard, Replicated, ShardGradOp, ShardedAdamW,
@@ -404,12 +403,6 @@ fn record_full_gradients(
 /// and the parameters after each step. ZeRO-2 steps AdamW only: an SGD
 /// stage is refused.
 pub fn train_zero2(stage: &Stage, pg: Group) -> anyhow::Result<RankRun> {
-    train_zero2_with(stage, pg, GradOpSteps::default())
-}
-
-/// [`train_zero2`] running `steps` in place of the library's
-/// `reduce_scatter_bucket` and `keep_shard`: how the tests perturb it.
-pub fn train_zero2_with(stage: &Stage, pg: Group, steps: GradOpSteps) -> anyhow::Result<RankRun> {
     ddp_workbook::tch::set_num_threads(1);
     let name = stage.name;
     let WorkbookSync::Wrapper { caps, find_unused } = stage.sync else {
@@ -426,9 +419,8 @@ pub fn train_zero2_with(stage: &Stage, pg: Group, steps: GradOpSteps) -> anyhow:
     let mut out = Vec::new();
     let first = micro_batch(stage, rank, 0, 0);
     out.push(("forward".to_string(), ddp_workbook::tch::no_grad(|| model.forward(&first.input))));
-    let mut zero2 =
-        ShardGradOp::with_steps(model, &vs, pg.clone(), caps, stage.lr, stage.weight_decay, steps)?
-            .find_unused_parameters(find_unused);
+    let mut zero2 = ShardGradOp::new(model, &vs, pg.clone(), caps, stage.lr, stage.weight_decay)?
+        .find_unused_parameters(find_unused);
     for step in 0..stage.steps {
         zero2.zero_grad()?;
         for m in 0..stage.micro_batches {
