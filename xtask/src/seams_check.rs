@@ -15,8 +15,19 @@ use crate::rust_tokens::{self, levels};
 /// The doors of `ddp::seams`: a call of one of these names a seam even
 /// where the path `ddp::seams` is not written (an inherent method is
 /// callable without importing the module that defines it).
-pub const SEAM_DOORS: &[&str] =
-    &["with_replica_check", "backward_local", "no_sync_with", "plan_with", "sync_with", "with_steps"];
+/// `with_steps` is the door of chapters 6, 11 and 13 alike (`ReducerWithSteps`,
+/// `ZeroWithSteps`, `GradOpWithSteps`); chapter 14's are the two
+/// `FsdpWithSchedule` constructors.
+pub const SEAM_DOORS: &[&str] = &[
+    "with_replica_check",
+    "backward_local",
+    "no_sync_with",
+    "plan_with",
+    "sync_with",
+    "with_steps",
+    "gpt_with_schedule",
+    "mlp_with_schedule",
+];
 
 /// Files outside the chapters that may use the seams, and why.
 pub const SEAM_EXCEPTIONS: &[(&str, &str)] = &[
