@@ -192,3 +192,45 @@ fn a_forward_that_skips_the_hooks_is_an_error() {
     let message = message.expect("a forward without the unit hooks must fail");
     assert!(message.contains("forward_with_hooks"), "the error says what to call: {message}");
 }
+
+#[test]
+fn gradient_peak_holds_one_units_gradients_and_one_reduce_scatter_in_flight() {
+    // Eight 8 -> 8 layers, each a unit, on 2 ranks, float64. Worked by hand:
+    // a layer's full gradients are 8*8 + 8 = 72 values (576 bytes); its shard
+    // is 4 of the 8 rows of each (36 values, 288 bytes); its reduce-scatter
+    // input is both ranks' rows (72 values, 576 bytes, no padding). As in
+    // FSDP2, a unit's post-backward waits for the previous reduce-scatter
+    // and lets its input go, so at most one input is in flight while the
+    // next unit's gradients accumulate.
+    const LAYERS: usize = 8;
+    let full_unit = (8 * 8 + 8) * 8;
+    let shard = (4 * 8 + 4) * 8;
+    let in_flight = 2 * shard;
+    let bound = full_unit + LAYERS * shard + in_flight;
+    let (peak, shards) = run(2, |pg| {
+        let (vs, mlp) = ddp_workbook::with_seed(3, || {
+            let mut vs = ddp_workbook::tch::nn::VarStore::new(ddp_workbook::tch::Device::Cpu);
+            let mlp = ddp_workbook::models::Mlp::new(&vs.root(), &[8; LAYERS + 1]);
+            vs.set_kind(Kind::Double);
+            (vs, mlp)
+        });
+        let fsdp = super::FullyShard::mlp(&mlp, &vs, pg, super::fsdp_options(true), true)?;
+        fsdp.ledger().reset_peak();
+        let x = ddp_workbook::tch::Tensor::ones([4, 8], (Kind::Double, ddp_workbook::tch::Device::Cpu));
+        let out = fsdp.forward_with(|hooks| mlp.forward_with_hooks(&x, hooks))?;
+        fsdp.backward(&out.square().sum(Kind::Double))?;
+        Ok((fsdp.ledger().peak_by_kind().gradients, fsdp.ledger().alive().gradients))
+    })
+    .swap_remove(0);
+    println!(
+        "gradient peak {peak} bytes; bound {bound}; every input alive at once would be {}",
+        LAYERS * in_flight
+    );
+    assert_eq!(shards, LAYERS * shard, "after backward only the gradient shards stay");
+    assert!(
+        peak <= bound,
+        "the ledger's gradient peak ({peak} bytes) must be at most one unit's full gradients ({full_unit}) plus \
+         the shards ({}) plus one reduce-scatter input in flight ({in_flight}): {bound}",
+        LAYERS * shard
+    );
+}

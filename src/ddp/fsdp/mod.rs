@@ -183,6 +183,19 @@ impl Drop for CommThread {
 /// Where a collective's result arrives from the communication thread.
 type Pending<T> = Receiver<Result<T, DistError>>;
 
+/// One issued reduce-scatter.
+struct InFlight {
+    unit: usize,
+    /// The bytes of its input the ledger counts as alive: 0 once the next
+    /// unit's post-backward (or the end of backward) waited for it.
+    input_bytes: usize,
+    /// The unit's parameters that have a gradient in it.
+    with_grad: Vec<usize>,
+    result: Pending<Tensor>,
+    /// The result, once something waited for it before backward's end.
+    received: Option<Result<Tensor, DistError>>,
+}
+
 /// What the caller, the forward hooks and the backward hooks share.
 struct Driver {
     pg: Group,
@@ -190,10 +203,9 @@ struct Driver {
     /// Flat parameter index (as hooked) to (unit, index in unit).
     place: Vec<(usize, usize)>,
     gathers: HashMap<usize, Pending<Vec<Tensor>>>,
-    /// Issued reduce-scatters: the unit, the bytes of its input (alive
-    /// until the result is taken), the unit's parameters it holds and where
-    /// the result arrives.
-    reduce_scatters: VecDeque<(usize, usize, Vec<usize>, Pending<Tensor>)>,
+    /// Issued reduce-scatters, oldest first, until backward takes their
+    /// results.
+    reduce_scatters: VecDeque<InFlight>,
     /// Per unit: gradients accumulated in this backward, and whether its
     /// post-backward ran.
     ready: Vec<usize>,
@@ -311,7 +323,27 @@ impl Driver {
         }
     }
 
+    /// Waits for the last issued reduce-scatter and counts its input as
+    /// freed. FSDP2 does this at the start of the next unit's post-backward
+    /// reduce (`FSDPParamGroup.post_backward`: the compute stream waits for
+    /// the previous `reduce_scatter_state`'s event and drops its input), so
+    /// one input at most is in flight while the next unit's gradients
+    /// accumulate; the ledger then counts what is really alive.
+    fn wait_for_previous_reduce_scatter(&mut self) {
+        let stopped = self.stopped("reduce-scatter");
+        let Some(last) = self.reduce_scatters.back_mut() else { return };
+        if last.received.is_none() {
+            last.received = Some(last.result.recv().unwrap_or_else(|_| Err(stopped)));
+        }
+        if last.input_bytes > 0 {
+            let label = format!("reduce-scatter input of {} done", self.units[last.unit].name);
+            self.ledger.free(Holding::Gradients, last.input_bytes, &label);
+            last.input_bytes = 0;
+        }
+    }
+
     fn reduce_scatter(&mut self, u: usize) -> Result<(), DistError> {
+        self.wait_for_previous_reduce_scatter();
         let (pre, _) = (self.schedule.divide_factors)(self.pg.world_size());
         let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
         let unit = &mut self.units[u];
@@ -338,7 +370,13 @@ impl Driver {
             events.push(FsdpEvent::ReduceScatterDone(u));
             output
         });
-        self.reduce_scatters.push_back((u, bytes, with_grad, result));
+        self.reduce_scatters.push_back(InFlight {
+            unit: u,
+            input_bytes: bytes,
+            with_grad,
+            result,
+            received: None,
+        });
         self.log(FsdpEvent::ReduceScatterIssued(u));
         Ok(())
     }
@@ -375,9 +413,14 @@ impl Driver {
             }
         }
         let (_, post) = (self.schedule.divide_factors)(self.pg.world_size());
-        while let Some((u, bytes, with_grad, pending)) = self.reduce_scatters.pop_front() {
-            let output = pending.recv().unwrap_or_else(|_| Err(self.stopped("reduce-scatter")));
-            self.ledger.free(Holding::Gradients, bytes, "reduce-scatter input done");
+        while let Some(InFlight { unit: u, input_bytes, with_grad, result, received }) =
+            self.reduce_scatters.pop_front()
+        {
+            let output = received
+                .unwrap_or_else(|| result.recv().unwrap_or_else(|_| Err(self.stopped("reduce-scatter"))));
+            if input_bytes > 0 {
+                self.ledger.free(Holding::Gradients, input_bytes, "reduce-scatter input done");
+            }
             match output {
                 Ok(output) if self.error.is_none() => {
                     let (pg, ledger) = (self.pg.clone(), self.ledger.clone());
