@@ -29,8 +29,8 @@
 //!   with plain AdamW, ending where an uninterrupted run ends;
 //! - `chapter_11/memory.rs`: the moments per rank on the training run's
 //!   tiny GPT, on 1, 2, 4 and 8 ranks (the book's table), and every ZeRO
-//!   stage's bytes per parameter and for 7e9 parameters (the closing
-//!   chapter's table);
+//!   stage's bytes per parameter and for 7e9 parameters, checked against
+//!   `ddp::plan_memory` (the closing chapter's table);
 //! - `chapter_11/controls.rs`: the controls, which never run your code: the
 //!   DDP run matches one process, AdamW on slices of a flat buffer gives
 //!   the bits AdamW gives on the whole, and the wrong averages

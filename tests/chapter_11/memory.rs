@@ -7,12 +7,15 @@
 //! each rank holds, measured on the tensors of the training run's `AdamW`
 //! (plain DDP) and of `ShardedAdamW`, what that makes per parameter with the
 //! weights and gradients every rank holds anyway, and for 7e9 parameters.
-//! Then the closing chapter's table: what each ZeRO stage keeps per rank on
-//! 4 ranks, per parameter and for 7e9 parameters, in fp32 and in mixed
-//! precision (16-bit weights and gradients), and what it sends per step:
-//! stage 1 measured here, stages 2 and 3 (not built) by the same division.
+//! Then the closing chapter's table, `ddp::plan_memory`: what each ZeRO
+//! stage keeps per rank on 4 ranks, per parameter and for 7e9 parameters,
+//! in fp32 and in mixed precision (16-bit weights and gradients), must be
+//! what the tiny GPT's tensors measure (stage 1's share measured here,
+//! stages 2 and 3 by the same division) and what was worked out by hand;
+//! and what each stage sends per step.
 
 use ddp_workbook::ch11_zero::{AdamW, BucketCaps, ShardedAdamW};
+use ddp_workbook::ddp::{plan_memory, Precision, ShardingStage, GIB};
 use ddp_workbook::dist::Group;
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
 use ddp_workbook::tch::Kind;
@@ -95,45 +98,58 @@ fn the_zero_stages_per_parameter_and_for_a_7b_model_on_4_ranks() {
         "ZeRO-1 keeps {sharded} of the moments on {world_size} ranks"
     );
     // Which of (weights, gradients, optimizer state) each stage divides by
-    // N; stages 2 and 3 are not built, so theirs is the same fraction.
+    // N; stages 2 and 3 are other chapters', so theirs is the same fraction.
     let stages = [
-        ("DDP", "nothing", [1.0, 1.0, 1.0]),
-        ("ZeRO-1", "optimizer state", [1.0, 1.0, sharded]),
-        ("ZeRO-2", "+ gradients", [1.0, sharded, sharded]),
-        ("ZeRO-3 / FSDP", "+ weights", [sharded, sharded, sharded]),
+        (ShardingStage::Ddp, [1.0, 1.0, 1.0]),
+        (ShardingStage::Zero1, [1.0, 1.0, sharded]),
+        (ShardingStage::Zero2, [1.0, sharded, sharded]),
+        (ShardingStage::Fsdp, [sharded, sharded, sharded]),
     ];
+    // The closing chapter's table is `ddp::plan_memory`'s arithmetic
+    // (`cargo run --example plan`); here the bytes per parameter measured
+    // on the tiny GPT's tensors, with stage 1's measured share, must be
+    // what it counts, and its 7e9-parameter rows what was worked out by
+    // hand: 7e9 x (4 + 4 + 8/4) = 70e9 B, 7e9 x (2 + 2/4 + 12/4) = 38.5e9 B, ...
+    let by_hand_gb =
+        [(Precision::Float32, [112.0, 70.0, 49.0, 28.0]), (Precision::Mixed, [112.0, 49.0, 38.5, 28.0])];
+    for (precision, gb_by_hand) in by_hand_gb {
+        let kind = if precision == Precision::Float32 { Kind::Float } else { Kind::BFloat16 };
+        let measured = states_per_parameter(kind);
+        let plan = plan_memory(7e9, world_size, 80.0 * GIB, precision).expect("a valid plan");
+        for ((stage, fraction), gb) in stages.into_iter().zip(gb_by_hand) {
+            let row = plan.row(stage);
+            let planned = row.bytes_per_parameter;
+            let kept: Vec<f64> = measured.iter().zip(fraction).map(|(bytes, f)| bytes * f).collect();
+            assert_eq!(
+                kept,
+                [planned.parameters, planned.gradients, planned.optimizer_state],
+                "{} in {precision:?}: measured bytes per parameter differ from plan_memory's",
+                stage.name()
+            );
+            let per_device_gb = row.per_device_bytes() / 1e9;
+            assert!(
+                (per_device_gb - gb).abs() < 1e-9,
+                "{} in {precision:?}: {per_device_gb} GB",
+                stage.name()
+            );
+        }
+    }
+    // What each stage sends per parameter and step on a ring, in the 16-bit
+    // dtype (plan_memory counts bytes held, not sent): DDP all-reduces the
+    // gradient (a reduce-scatter and an all-gather); stages 1 and 2
+    // reduce-scatter it and all-gather the updated weight; stage 3 also
+    // all-gathers the weight before forward and backward. By hand:
+    // 2 x 3/4 x 2 B = 3 B per parameter, 1.5 times that for stage 3.
     let ring = (world_size - 1) as f64 / world_size as f64; // what a rank sends of a ring collective's buffer
-    println!("model states per rank on {world_size} ranks: weights + gradients + optimizer state, bytes per parameter");
-    println!("| stage | sharded | fp32 B | 7e9 fp32, GB | mixed B | 7e9 mixed, GB | of 80 GB left, fp32 / mixed | sent per step, B (mixed) |");
-    let mut gigabytes = Vec::new();
-    for (stage, what, fraction) in stages {
-        let per_parameter = |kind: Kind| -> f64 {
-            states_per_parameter(kind).iter().zip(fraction).map(|(bytes, f)| bytes * f).sum()
-        };
-        let (fp32, mixed) = (per_parameter(Kind::Float), per_parameter(Kind::BFloat16));
-        // Per parameter and step on a ring, in the 16-bit dtype: DDP
-        // all-reduces the gradient (a reduce-scatter and an all-gather);
-        // stages 1 and 2 reduce-scatter it and all-gather the updated weight;
-        // stage 3 also all-gathers the weight before forward and backward.
-        let [weight, gradient, _] = states_per_parameter(Kind::BFloat16);
+    let [weight, gradient, _] = states_per_parameter(Kind::BFloat16);
+    let by_hand_sent = [3.0, 3.0, 3.0, 4.5];
+    for ((stage, _), sent_hand) in stages.into_iter().zip(by_hand_sent) {
         let sent = match stage {
-            "ZeRO-3 / FSDP" => ring * (2.0 * weight + gradient),
-            "DDP" => ring * 2.0 * gradient,
+            ShardingStage::Fsdp => ring * (2.0 * weight + gradient),
+            ShardingStage::Ddp => ring * 2.0 * gradient,
             _ => ring * (gradient + weight),
         };
-        let (fp32_7b, mixed_7b) = (7e9 * fp32 / 1e9, 7e9 * mixed / 1e9);
-        println!(
-            "| {stage} | {what} | {fp32:.2} | {fp32_7b:.1} | {mixed:.2} | {mixed_7b:.1} | {:.1} / {:.1} | {sent:.2} |",
-            80.0 - fp32_7b,
-            80.0 - mixed_7b
-        );
-        gigabytes.push((fp32_7b, mixed_7b, sent));
-    }
-    // By hand: 7e9 x (4 + 4 + 8/4) = 70e9 B, 7e9 x (2 + 2/4 + 12/4) = 38.5e9 B, ...;
-    // on the wire 2 x 3/4 x 2 B = 3 B per parameter, 1.5 times that for stage 3.
-    let by_hand = [(112.0, 112.0, 3.0), (70.0, 49.0, 3.0), (49.0, 38.5, 3.0), (28.0, 28.0, 4.5)];
-    for ((fp32, mixed, sent), (fp32_hand, mixed_hand, sent_hand)) in gigabytes.into_iter().zip(by_hand) {
-        assert!((fp32 - fp32_hand).abs() < 1e-9 && (mixed - mixed_hand).abs() < 1e-9, "{fp32}, {mixed} GB");
+        println!("{}: {sent:.2} B sent per parameter and step on {world_size} ranks (mixed)", stage.name());
         assert!((sent - sent_hand).abs() < 1e-12, "{sent} B sent per parameter");
     }
 }
