@@ -15,7 +15,8 @@ use common::{run, TOLERANCE};
 use ddp_workbook::check::{compare_to_reference, max_reference_diff, snapshot};
 use ddp_workbook::data::Regression;
 use ddp_workbook::ddp::{
-    AdamWUpdate, FsdpAdamW, FsdpOptions, FsdpSgd, FullyShard, SimpleDistributedDataParallelism,
+    fsdp_schedule, Action, AdamWUpdate, FsdpAdamW, FsdpOptions, FsdpSchedule, FsdpSgd, FullyShard,
+    SimpleDistributedDataParallelism, UnitAt,
 };
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig, Mlp};
 use ddp_workbook::tch::nn::{Module, VarStore};
@@ -64,11 +65,13 @@ pub struct Case {
     pub micro: i64,
     /// An extra parameter that no rank's loss uses.
     pub unused: bool,
+    /// Run the library's schedule with every list of actions reversed.
+    pub reversed: bool,
 }
 
 impl Case {
     pub fn new(model: Model, opt: Opt, reshard: bool) -> Case {
-        Case { model, opt, reshard, micro: 1, unused: false }
+        Case { model, opt, reshard, micro: 1, unused: false, reversed: false }
     }
 }
 
@@ -284,7 +287,8 @@ pub fn shard_with(
     pg: ddp_workbook::dist::Group,
     record_events: bool,
 ) -> FullyShard {
-    let options = FsdpOptions { record_events, ..fsdp_options(case.reshard) };
+    let schedule = if case.reversed { reversed_schedule() } else { FsdpSchedule::default() };
+    let options = FsdpOptions { record_events, schedule, ..fsdp_options(case.reshard) };
     match (case.model, net) {
         (Model::Gpt, Net::Gpt(g)) => FullyShard::gpt(g, vs, pg, options),
         (Model::Mlp, Net::Mlp(m)) => FullyShard::mlp(m, vs, pg, options, false),
@@ -292,6 +296,30 @@ pub fn shard_with(
         _ => unreachable!("the model matches the case"),
     }
     .expect("fully_shard succeeds")
+}
+
+/// The library's schedule with the actions of every returned list in the
+/// opposite order: the chapter says the order within a list changes no
+/// result (`[Gather, Prefetch]` becomes `[Prefetch, Gather]`,
+/// `[ReduceScatter, Free]` becomes `[Free, ReduceScatter]`).
+fn reversed_schedule() -> FsdpSchedule {
+    fn rev(mut actions: Vec<Action>) -> Vec<Action> {
+        actions.reverse();
+        actions
+    }
+    fn pre_forward(at: UnitAt) -> Vec<Action> {
+        rev(fsdp_schedule::pre_forward(at))
+    }
+    fn post_forward(at: UnitAt) -> Vec<Action> {
+        rev(fsdp_schedule::post_forward(at))
+    }
+    fn pre_backward(at: UnitAt) -> Vec<Action> {
+        rev(fsdp_schedule::pre_backward(at))
+    }
+    fn post_backward(at: UnitAt) -> Vec<Action> {
+        rev(fsdp_schedule::post_backward(at))
+    }
+    FsdpSchedule { pre_forward, post_forward, pre_backward, post_backward, ..FsdpSchedule::default() }
 }
 
 /// FSDP on `world` ranks: each rank's run.
@@ -411,6 +439,15 @@ mod two_ranks_bitwise {
         let runs = check(Case::new(Model::Mlp, Opt::Sgd, true), 2, 0.0);
         let rows = |rank: usize| runs[rank].rows.iter().find(|(n, _)| n == "layers.0.weight").unwrap().1;
         assert_eq!((rows(0), rows(1)), ((0, 4), (4, 3)), "FSDP2 cuts 7 rows into ceil(7/2) = 4 and 3");
+    }
+
+    #[test]
+    fn the_order_within_each_list_of_actions_changes_nothing() {
+        // Every list reversed, on the cases where each list has two actions
+        // (resharding; accumulation, for post_backward inside no_sync):
+        // still DDP bit for bit and one process within the tolerance.
+        check(Case { reversed: true, ..Case::new(Model::Gpt, Opt::AdamW, true) }, 2, 0.0);
+        check(Case { reversed: true, micro: 2, ..Case::new(Model::Gpt, Opt::Sgd, true) }, 2, 0.0);
     }
 
     #[test]

@@ -32,46 +32,55 @@ pub fn shard_rows(rows: i64, world_size: usize, rank: usize) -> (i64, i64) {
     todo!("exercise ch14: shard_rows in src/ch14_fsdp/exercise.rs")
 }
 
-/// Before a unit's forward: its parameters must be here; meanwhile the next
-/// unit's all-gather may travel (forward prefetch).
+/// Before a unit's forward. Must hold: the unit's full parameters are
+/// present when it computes, and while it computes the all-gather of the
+/// unit whose forward comes next is already travelling (forward prefetch).
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn pre_forward(at: UnitAt) -> Vec<Action> {
     // TODO: what must be done before unit `at.unit` computes, and what can
-    // start travelling while it does? (`Action::Prefetch` of a unit that
-    // does not exist does nothing.)
+    // start travelling while it does? `Action::Prefetch(u)` with
+    // `u >= at.units` (past the last unit) does nothing; no unit comes
+    // before unit 0, and a `usize` cannot name one (`0 - 1` panics).
+    // The order of the actions in the returned `Vec` changes no result and
+    // no test (see the chapter's "Units" section).
     todo!("exercise ch14: pre_forward in src/ch14_fsdp/exercise.rs")
 }
 
-/// After a unit's forward: free its parameters if asked to; the root keeps
-/// its own, which backward needs at once (FSDP2 never reshards the root
-/// after forward).
+/// After a unit's forward. Must hold: with `reshard_after_forward`
+/// (FULL_SHARD) no unit keeps full parameters that can be gathered again
+/// before it next computes; without it (SHARD_GRAD_OP) every unit keeps
+/// them until its backward; either way, every unit's parameters are
+/// present when its backward computes.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn post_forward(at: UnitAt) -> Vec<Action> {
     // TODO: `at.reshard_after_forward` says whether to give the memory back
     // now (FULL_SHARD) or keep the parameters for backward (SHARD_GRAD_OP).
-    // Think about which unit's backward runs first, without a hook before it.
+    // Whatever you free here must be gathered again before it computes:
+    // the module comment above lists the hooks that could do it.
     todo!("exercise ch14: post_forward in src/ch14_fsdp/exercise.rs")
 }
 
-/// Before a unit's backward (its output's gradient has arrived): its
-/// parameters again, and the all-gather of the unit whose backward comes
-/// next, the one before it in forward order (backward prefetch).
+/// Before a block's backward (its output's gradient has arrived; asked
+/// about units 1.. only, never the root). Must hold: the unit's full
+/// parameters are present when its backward computes, and while it
+/// computes the all-gather of the unit whose backward comes next is
+/// already travelling (backward prefetch).
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn pre_backward(at: UnitAt) -> Vec<Action> {
-    // TODO: what this unit's backward needs, and what the next backward
-    // (which unit is that?) can already fetch.
+    // TODO: what this unit's backward needs, and which all-gather can
+    // already travel while it computes.
     todo!("exercise ch14: pre_backward in src/ch14_fsdp/exercise.rs")
 }
 
-/// After a unit's backward (every gradient of it accumulated): average and
-/// shard the gradients unless inside `no_sync`, and free the parameters
-/// (FSDP2 reshards after backward, root included). Inside `no_sync` the
-/// full gradients stay, to accumulate the next micro-batch into.
+/// After a unit's backward (every gradient of it accumulated). Must hold:
+/// when gradients are synced, each rank ends with its rows of the gradient
+/// averaged over the ranks, one collective per unit; inside `no_sync`
+/// nothing is sent and the full gradients stay, to accumulate the next
+/// micro-batch into; either way, no unit keeps its full parameters after
+/// its backward.
 #[allow(unused_variables)] // delete this line once you use the arguments
 pub fn post_backward(at: UnitAt) -> Vec<Action> {
-    // TODO: `at.requires_gradient_sync` is false inside `no_sync`: then the
-    // full gradients must stay for the next micro-batch. Either way the
-    // parameters are no longer needed.
+    // TODO: `at.requires_gradient_sync` is false inside `no_sync`.
     todo!("exercise ch14: post_backward in src/ch14_fsdp/exercise.rs")
 }
 // ANCHOR_END: stub

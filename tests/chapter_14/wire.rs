@@ -170,7 +170,7 @@ fn kept_after_forward_sends_what_ddp_sends() {
 }
 
 #[test]
-fn the_gpt_sends_less_than_one_and_a_half_times_ddp_since_the_root_is_not_gathered_twice() {
+fn the_gpt_sends_what_its_shapes_say_less_than_one_and_a_half_times_ddp() {
     // The root (embeddings, ln_f, lm_head) is kept after forward: only the
     // blocks are gathered again. So FSDP sends, per step, on N ranks,
     // (N - 1) x (root + 2 x blocks) shard bytes plus (N - 1)/N of the

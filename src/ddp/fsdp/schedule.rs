@@ -74,16 +74,22 @@ pub fn shard_rows(rows: i64, world_size: usize, rank: usize) -> (i64, i64) {
 // ANCHOR_END: shard_rows
 
 // ANCHOR: schedule
-/// Before a unit's forward: its parameters must be here; meanwhile the next
-/// unit's all-gather may travel (forward prefetch).
+/// Before a unit's forward. Must hold: the unit's full parameters are
+/// present when it computes, and while it computes the all-gather of the
+/// unit whose forward comes next is already travelling (forward prefetch).
 pub fn pre_forward(at: UnitAt) -> Vec<Action> {
     vec![Action::Gather(at.unit), Action::Prefetch(at.unit + 1)]
 }
 
-/// After a unit's forward: free its parameters if asked to; the root keeps
-/// its own, which backward needs at once (FSDP2 never reshards the root
-/// after forward).
+/// After a unit's forward. Must hold: with `reshard_after_forward`
+/// (FULL_SHARD) no unit keeps full parameters that can be gathered again
+/// before it next computes; without it (SHARD_GRAD_OP) every unit keeps
+/// them until its backward; either way, every unit's parameters are
+/// present when its backward computes.
 pub fn post_forward(at: UnitAt) -> Vec<Action> {
+    // The root has no pre-backward hook: `lm_head`'s backward runs first,
+    // before anything could gather it again, so FSDP2 never reshards the
+    // root after forward; a block is gathered again by its pre_backward.
     if at.reshard_after_forward && at.unit != 0 {
         vec![Action::Free(at.unit)]
     } else {
@@ -91,10 +97,15 @@ pub fn post_forward(at: UnitAt) -> Vec<Action> {
     }
 }
 
-/// Before a unit's backward (its output's gradient has arrived): its
-/// parameters again, and the all-gather of the unit whose backward comes
-/// next, the one before it in forward order (backward prefetch).
+/// Before a block's backward (its output's gradient has arrived; asked
+/// about units 1.. only, never the root). Must hold: the unit's full
+/// parameters are present when its backward computes, and while it
+/// computes the all-gather of the unit whose backward comes next is
+/// already travelling (backward prefetch).
 pub fn pre_backward(at: UnitAt) -> Vec<Action> {
+    // The next backward is the unit before this one in forward order.
+    // Never asked about the root; the guard keeps `at.unit - 1` from
+    // underflowing if it were.
     let mut actions = vec![Action::Gather(at.unit)];
     if at.unit > 0 {
         actions.push(Action::Prefetch(at.unit - 1));
@@ -102,11 +113,15 @@ pub fn pre_backward(at: UnitAt) -> Vec<Action> {
     actions
 }
 
-/// After a unit's backward (every gradient of it accumulated): average and
-/// shard the gradients unless inside `no_sync`, and free the parameters
-/// (FSDP2 reshards after backward, root included). Inside `no_sync` the
-/// full gradients stay, to accumulate the next micro-batch into.
+/// After a unit's backward (every gradient of it accumulated). Must hold:
+/// when gradients are synced, each rank ends with its rows of the gradient
+/// averaged over the ranks, one collective per unit; inside `no_sync`
+/// nothing is sent and the full gradients stay, to accumulate the next
+/// micro-batch into; either way, no unit keeps its full parameters after
+/// its backward.
 pub fn post_backward(at: UnitAt) -> Vec<Action> {
+    // FSDP2 reshards every unit after its backward, root included; inside
+    // `no_sync` the full gradients stay for the next micro-batch.
     if at.requires_gradient_sync {
         vec![Action::ReduceScatter(at.unit), Action::Free(at.unit)]
     } else {
