@@ -30,6 +30,9 @@ struct Walk {
     sync: bool,
     gathered: Vec<bool>,
     pending: Vec<bool>,
+    /// Per unit, the hook (and the unit it was asked about) whose
+    /// `Action::Free` last freed it: the function a "frees too early" names.
+    freed_by: Vec<Option<(&'static str, usize)>>,
     walked: Walked,
 }
 
@@ -44,14 +47,15 @@ impl Walk {
     }
 
     fn setting(&self) -> String {
+        let plural = if self.units == 1 { "" } else { "s" };
         format!(
-            "({} units, reshard_after_forward={}, requires_gradient_sync={})",
+            "({} unit{plural}, reshard_after_forward={}, requires_gradient_sync={})",
             self.units, self.reshard, self.sync
         )
     }
 
     /// Asks `hook` about `unit` and runs what it returns.
-    fn ask(&mut self, hook: &str, unit: usize) -> Result<(), String> {
+    fn ask(&mut self, hook: &'static str, unit: usize) -> Result<(), String> {
         let f = match hook {
             "pre_forward" => self.schedule.pre_forward,
             "post_forward" => self.schedule.post_forward,
@@ -85,22 +89,39 @@ impl Walk {
                         self.walked.gathers[u] += 1;
                     }
                 }
-                Action::Free(u) => self.gathered[u] = false,
+                Action::Free(u) => {
+                    if self.gathered[u] {
+                        self.freed_by[u] = Some((hook, unit));
+                    }
+                    self.gathered[u] = false;
+                }
                 Action::ReduceScatter(u) => self.walked.reduce_scatters[u] += 1,
             }
         }
         Ok(())
     }
 
-    fn computes(&self, unit: usize, what: &str, after: &str) -> Result<(), String> {
+    /// `gatherer`: the hook that runs just before this compute, which
+    /// must gather the unit if nothing else has (None for the root's head
+    /// and backward, which have no hook of their own).
+    fn computes(&self, unit: usize, what: &str, after: &str, gatherer: Option<&str>) -> Result<(), String> {
         if self.gathered[unit] {
             return Ok(());
         }
+        // Name the function at fault with "your ...": the runner shows the
+        // failure that says so first, and files it under that function.
+        let culprit = match (self.freed_by[unit], gatherer) {
+            (Some((hook, at)), _) => {
+                format!("your {hook} freed it too early ({hook}(unit {at}) returned Action::Free({unit}))")
+            }
+            (None, Some(hook)) => format!("your {hook} never gathered it (Action::Gather({unit}))"),
+            (None, None) => format!("nothing gathered unit {unit}"),
+        };
         Err(format!(
             "frees too early (or never gathers): unit {unit}'s {what} would run on freed parameters after \
-             {after} {}. A unit must be gathered (Action::Gather) before it computes and freed only \
-             after; the root (unit 0) has no pre-backward hook, so it must stay from its pre_forward \
-             until its post_backward",
+             {after} {}: {culprit}. A unit must be gathered before it computes and freed only after, \
+             and nothing gathers the root (unit 0) again between its forward and its backward: it has \
+             no pre-backward hook",
             self.setting()
         ))
     }
@@ -110,7 +131,7 @@ impl Walk {
             return Ok(());
         }
         Err(format!(
-            "never prefetches in {pass}: when {hook}(unit {current}) returned, the all-gather of unit {unit}, \
+            "never prefetches in {pass}: when your {hook}(unit {current}) returned, the all-gather of unit {unit}, \
              whose {pass} comes next, was not started {}. Return Action::Prefetch({unit}) there, so that \
              it travels while unit {current} computes",
             self.setting()
@@ -122,7 +143,7 @@ impl Walk {
         // Forward: the root's pre-forward, each block, the root's head.
         for u in 0..n {
             self.ask("pre_forward", u)?;
-            self.computes(u, "forward", &format!("pre_forward(unit {u})"))?;
+            self.computes(u, "forward", &format!("pre_forward(unit {u})"), Some("pre_forward"))?;
             if u + 1 < n {
                 self.prefetched(u + 1, "forward", "pre_forward", u)?;
             }
@@ -130,24 +151,24 @@ impl Walk {
                 self.ask("post_forward", u)?;
                 if self.reshard && self.gathered[u] {
                     return Err(format!(
-                        "forgets to free: unit {u}'s full parameters are still alive after post_forward(unit {u}) \
+                        "forgets to free: unit {u}'s full parameters are still alive after your post_forward(unit {u}) \
                          {}; with reshard_after_forward they must go (Action::Free({u})) and come back for backward",
                         self.setting()
                     ));
                 }
                 if !self.reshard && !self.gathered[u] {
                     return Err(format!(
-                        "frees too early: post_forward(unit {u}) freed the unit although reshard_after_forward \
+                        "frees too early: your post_forward(unit {u}) freed the unit although reshard_after_forward \
                          is false {}: SHARD_GRAD_OP keeps a block's parameters until its backward",
                         self.setting()
                     ));
                 }
             }
         }
-        self.computes(0, "head (ln_f, lm_head)", "the last block's post_forward")?;
+        self.computes(0, "head (ln_f, lm_head)", "the last block's post_forward", None)?;
         self.ask("post_forward", 0)?;
         // Backward: the root's head first, with no hook before it.
-        self.computes(0, "backward (lm_head)", "post_forward(unit 0)")?;
+        self.computes(0, "backward (lm_head)", "post_forward(unit 0)", None)?;
         let backward_order: Vec<usize> = (1..n).rev().chain(std::iter::once(0)).collect();
         for &u in &backward_order {
             if u > 0 {
@@ -157,7 +178,7 @@ impl Walk {
                 }
             }
             let after = if u > 0 { format!("pre_backward(unit {u})") } else { "the blocks' backward".into() };
-            self.computes(u, "backward", &after)?;
+            self.computes(u, "backward", &after, (u > 0).then_some("pre_backward"))?;
             if self.walked.reduce_scatters[u] > 0 {
                 return Err(format!(
                     "reduce-scatters too early: unit {u} was reduce-scattered before its backward ended {}; \
@@ -171,7 +192,7 @@ impl Walk {
                 (true, 1) | (false, 0) => {}
                 (true, 0) => {
                     return Err(format!(
-                    "never reduce-scatters: post_backward(unit {u}) must return Action::ReduceScatter({u}) \
+                    "never reduce-scatters: your post_backward(unit {u}) must return Action::ReduceScatter({u}) \
                          {}: else no rank gets the average of its gradient shard",
                     self.setting()
                 ))
@@ -184,7 +205,7 @@ impl Walk {
                 }
                 (false, _) => {
                     return Err(format!(
-                        "reduce-scatters inside no_sync: post_backward(unit {u}) returned ReduceScatter {}; \
+                        "reduce-scatters inside no_sync: your post_backward(unit {u}) returned ReduceScatter {}; \
                          inside no_sync the full gradients stay to accumulate the next micro-batch",
                         self.setting()
                     ))
@@ -192,7 +213,7 @@ impl Walk {
             }
             if self.gathered[u] {
                 return Err(format!(
-                    "forgets to free: unit {u}'s full parameters are still alive after post_backward(unit {u}) \
+                    "forgets to free: unit {u}'s full parameters are still alive after your post_backward(unit {u}) \
                      {}; FSDP frees every unit after its backward (Action::Free({u}))",
                     self.setting()
                 ));
@@ -211,6 +232,7 @@ pub fn walk(schedule: FsdpSchedule, units: usize, reshard: bool, sync: bool) -> 
         sync,
         gathered: vec![false; units],
         pending: vec![false; units],
+        freed_by: vec![None; units],
         walked: Walked { gathers: vec![0; units], reduce_scatters: vec![0; units] },
     };
     walk.step()
@@ -236,7 +258,7 @@ fn your_schedule_gathers_before_compute_frees_after_and_prefetches() {
 }
 
 #[test]
-fn your_schedule_gathers_each_block_twice_and_the_root_once_per_step() {
+fn your_schedule_gathers_each_unit_as_often_as_fsdp2_per_step() {
     // With reshard_after_forward a block is gathered for its forward and
     // again for its backward; the root, kept after forward, once. Without
     // it, every unit once. One reduce-scatter per unit when synced.

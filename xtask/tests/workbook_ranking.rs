@@ -247,3 +247,31 @@ fn a_division_in_launch_bucket_is_filed_under_launch_bucket() {
     let lines = verdict::describe(&ch06, &run, 1);
     assert!(lines.iter().any(|l| l.contains("start with `launch_bucket`")), "{lines:#?}");
 }
+
+#[test]
+fn a_root_freed_after_forward_is_blamed_on_post_forward_not_pre_forward() {
+    // post_forward freeing the root too with reshard_after_forward: every
+    // chapter 14 test walks the schedule first and fails with the walk's
+    // message. It used to name no function with "your", and its only
+    // mention was "its pre_forward", so the runner said "start with
+    // `pre_forward`" under a message about post_forward.
+    let ch14 = chapter("14");
+    let culprit = "your post_forward freed it too early";
+    quoted_from("tests/chapter_14/schedule.rs", "your {hook} freed it too early");
+    let message = format!(
+        "your schedule frees too early (or never gathers): unit 0's backward (lm_head) would run on freed \
+         parameters after post_forward(unit 0) (1 unit, reshard_after_forward=true, \
+         requires_gradient_sync=true): {culprit} (post_forward(unit 0) returned Action::Free(0)). A unit \
+         must be gathered before it computes and freed only after, and nothing gathers the root (unit 0) \
+         again between its forward and its backward: it has no pre-backward hook"
+    );
+    let run = tally(&[
+        ("training::gpt_resharding_with_sgd_equals_ddp_bitwise_on_2_ranks", &message),
+        ("schedule::your_schedule_gathers_before_compute_frees_after_and_prefetches", &message),
+        ("wire::resharding_sends_one_and_a_half_times_ddps_all_reduce", &message),
+    ]);
+    let first = &rank_failures(&ch14, &run)[0];
+    assert_eq!((first.pointing, first.function.as_deref()), (Pointing::SaysYour, Some("post_forward")));
+    let lines = verdict::describe(&ch14, &run, 1);
+    assert!(lines.iter().any(|l| l.contains("start with `post_forward`")), "{lines:#?}");
+}
