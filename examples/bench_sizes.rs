@@ -1,13 +1,17 @@
 //! The workbook's training run against PyTorch's at the sizes people
 //! train: the GPT of about 0.1M (the tiny one), 2M, 10M and 25M parameters
 //! (`GptConfig::of_size`, the same models as scripts/torch/models.py's
-//! SIZES), with plain DDP and with ZeRO-1, in alternating rounds. Each round
+//! SIZES), with plain DDP, ZeRO-1, ZeRO-2 and FSDP, in alternating rounds. Each round
 //! runs, at every size: PyTorch's DDP on gloo at its defaults and at its
 //! best CPU settings, PyTorch in one process without DDP (default and fused
 //! AdamW: the 1-rank baselines), PyTorch's ZeroRedundancyOptimizer inside
 //! DDP (defaults and best), ours with DDP as 2 MPI processes, as 2 rank
 //! threads and on 1 rank, and ours with ZeRO-1 (`ShardedAdamW`, the
-//! training run's `--zero 1`) as 2 MPI processes and 2 rank threads. The
+//! training run's `--zero 1`) as 2 MPI processes and 2 rank threads, then
+//! PyTorch's FSDP2 (`fully_shard` per transformer block and at the root,
+//! SHARD_GRAD_OP and FULL_SHARD, fused AdamW) against ours with
+//! `--shard grad-op` (ZeRO-2) and `--shard full` (FSDP), each as 2 MPI
+//! processes and 2 rank threads. The
 //! same work as bench_vs_pytorch: 16 sequences per rank per micro-batch, 2
 //! micro-batches per step, AdamW, one libtorch thread per rank; every run is
 //! a process of its own, so that its peak resident memory (VmHWM) is its
@@ -23,15 +27,18 @@
 //! Then the targets: ours at least 1.3x PyTorch's tokens/s, our cost of
 //! distribution at most half of PyTorch's, our peak memory per rank at most
 //! PyTorch's, each strategy against its PyTorch counterpart at its best
-//! settings, with the ratio and by how much a missed one misses. With
+//! settings, with the ratio and by how much a missed one misses; and FSDP's
+//! own: our FSDP's peak memory per rank on 2 ranks at most 0.6x our DDP's
+//! (the one that counts is at 25M parameters, where the model's state, not
+//! the libraries, fills the memory). With
 //! `--table FILE` (a file under chapters/tables/ for the book) it writes the
 //! tables there, with the machine, its load, the date and the command.
 //!
 //! Run: cargo run --release --features mpi --example bench_sizes -- --table FILE
 //!      cargo run --release --features mpi --example bench_sizes -- --rounds 1 --steps 3 --sizes tiny,2m
-//! (3 rounds at the steps of `steps_of`, 11 runs per size per round, each
-//! under a minute on a quiet 2-core machine: an estimated 75 minutes in all,
-//! most of it at 10M and 25M parameters; the check takes about 7.)
+//! (3 rounds at the steps of `steps_of`, 17 runs per size per round, each
+//! under a minute on a quiet 2-core machine: an estimated 2 hours in all,
+//! most of it at 10M and 25M parameters; the check takes about 12 minutes.)
 
 use std::fmt::Write;
 use std::process::Command;
@@ -60,7 +67,7 @@ use tables::{Column, Rate};
 use train_rates::{logged, rate_of, timed_rate};
 
 #[derive(Parser)]
-#[command(about = "The training run against PyTorch's at 0.1M to 25M parameters: DDP and ZeRO-1")]
+#[command(about = "The training run against PyTorch's at 0.1M to 25M parameters: DDP, ZeRO-1, ZeRO-2, FSDP")]
 pub struct Args {
     /// Rounds; each runs every contender once at every size.
     #[arg(long, default_value_t = 3)]
@@ -83,6 +90,7 @@ pub struct Args {
     worker: Option<Worker>,
     #[arg(long, hide = true, default_value_t = GptSize::Tiny)]
     size: GptSize,
+    /// The ZeRO stage of one of ours: 0 DDP, 1 `--shard optimizer`, 2 grad-op, 3 full.
     #[arg(long, hide = true, default_value_t = 0)]
     zero: usize,
     #[arg(long, hide = true, default_value_t = 1)]
@@ -137,7 +145,7 @@ fn config(plan: Plan, world_size: usize, zero_stage: usize) -> TrainConfig {
         steps: plan.warmup + plan.steps,
         log_every: plan.warmup,
         threads_per_rank: Some(1),
-        shard: ShardingStrategy::from_zero_stage(zero_stage).expect("stage 0 or 1"),
+        shard: ShardingStrategy::from_zero_stage(zero_stage).expect("CONTENDERS name stages 0 to 3"),
         model: plan.size,
         eval_sequences: 16,
         ..TrainConfig::default()
@@ -220,7 +228,7 @@ const fn ours(worker: Worker, world_size: usize, zero: usize) -> Side {
 }
 
 /// The contenders, in the order each round runs them.
-const CONTENDERS: [(&str, Side); 11] = [
+const CONTENDERS: [(&str, Side); 17] = [
     ("PyTorch DDP, defaults (2 processes, gloo)", Side::Torch(&["--setting", "defaults"])),
     ("PyTorch DDP, best settings (2 processes, gloo)", Side::Torch(&["--setting", "best"])),
     ("PyTorch, 1 process, no DDP, default AdamW", Side::Torch(&["--world-size", "1", "--no-ddp"])),
@@ -241,15 +249,47 @@ const CONTENDERS: [(&str, Side); 11] = [
     ("ours, 1 rank", ours(Worker::Threads, 1, 0)),
     ("ours ZeRO-1, MPI (2 processes)", ours(Worker::Mpi, 2, 1)),
     ("ours ZeRO-1, in-process (2 threads)", ours(Worker::Threads, 2, 1)),
+    // FSDP2 at its fastest only (fused AdamW): the targets compare with it.
+    (
+        "PyTorch fully_shard, SHARD_GRAD_OP, fused AdamW (2 processes)",
+        Side::Torch(&["--fsdp", "grad-op", "--setting", "best"]),
+    ),
+    (
+        "PyTorch fully_shard, FULL_SHARD, fused AdamW (2 processes)",
+        Side::Torch(&["--fsdp", "full", "--setting", "best"]),
+    ),
+    ("ours ZeRO-2 (--shard grad-op), MPI (2 processes)", ours(Worker::Mpi, 2, 2)),
+    ("ours ZeRO-2 (--shard grad-op), in-process (2 threads)", ours(Worker::Threads, 2, 2)),
+    ("ours FSDP (--shard full), MPI (2 processes)", ours(Worker::Mpi, 2, 3)),
+    ("ours FSDP (--shard full), in-process (2 threads)", ours(Worker::Threads, 2, 3)),
 ];
 /// Ratios of tokens/s (numerator, denominator), by index in CONTENDERS.
-const RATIOS: [(usize, usize); 6] = [(6, 1), (6, 0), (7, 1), (9, 5), (10, 5), (8, 3)];
+const RATIOS: [(usize, usize); 10] =
+    [(6, 1), (6, 0), (7, 1), (9, 5), (10, 5), (8, 3), (13, 11), (14, 11), (15, 12), (16, 12)];
 /// The cost of distribution: (2 ranks, 1 rank on the same per-rank work).
-const COSTS: [(usize, usize); 8] = [(0, 2), (1, 3), (4, 2), (5, 3), (6, 8), (7, 8), (9, 8), (10, 8)];
+const COSTS: [(usize, usize); 14] = [
+    (0, 2),
+    (1, 3),
+    (4, 2),
+    (5, 3),
+    (6, 8),
+    (7, 8),
+    (9, 8),
+    (10, 8),
+    (11, 3),
+    (12, 3),
+    (13, 8),
+    (14, 8),
+    (15, 8),
+    (16, 8),
+];
 /// The targets' pairs: (strategy, ours, PyTorch's at its best, the 1-rank baselines: ours, PyTorch's).
-const STRATEGIES: [(&str, usize, usize, usize, usize); 2] = [("DDP", 6, 1, 8, 3), ("ZeRO-1", 9, 5, 8, 3)];
+const STRATEGIES: [(&str, usize, usize, usize, usize); 4] =
+    [("DDP", 6, 1, 8, 3), ("ZeRO-1", 9, 5, 8, 3), ("ZeRO-2", 13, 11, 8, 3), ("FSDP", 15, 12, 8, 3)];
+/// FSDP's memory target: (ours FSDP, ours DDP, both MPI), at most this ratio of peaks per rank.
+const FSDP_MEMORY: (usize, usize, f64) = (15, 6, 0.6);
 /// PyTorch's runs that count their bytes on the wire (`--count-bytes`), by index.
-const COUNTED: [usize; 2] = [1, 5];
+const COUNTED: [usize; 4] = [1, 5, 11, 12];
 
 /// What one run measured.
 #[derive(Clone, Copy)]
@@ -385,6 +425,17 @@ fn size_tables(plan: Plan, measured: &[Vec<Measured>], torch_wire: &[(usize, f64
             lines.push(format!("{}: {target}: ours {a}, PyTorch's {b}, {ratio}: {verdict}", plan.size));
         }
     }
+    let (fsdp, ddp, most) = FSDP_MEMORY;
+    let ratio = per_round(fsdp, ddp, &|a, b| a.peak_kib / b.peak_kib);
+    let verdict = if ratio <= most {
+        "met".to_string()
+    } else {
+        format!("missed by {:.0} MiB", peak(fsdp).0 - most * peak(ddp).0)
+    };
+    let target = format!("FSDP: peak memory per rank at most {most}x our DDP's (ours, both 2 MPI processes)");
+    let (a, b) = (format!("{:.0} MiB", peak(fsdp).0), format!("{:.0} MiB (our DDP)", peak(ddp).0));
+    let _ = writeln!(out, "| {target} | {a} | {b} | {ratio:.2}x | {verdict} |");
+    lines.push(format!("{}: {target}: FSDP {a}, DDP {b}, {ratio:.2}x: {verdict}", plan.size));
     let params = thousands(GptConfig::of_size(plan.size).parameter_count() as f64);
     let heading = format!(
         "### GPT `{}`: {params} parameters\n\n{} timed steps after {} untimed ones per run. Targets: ours \

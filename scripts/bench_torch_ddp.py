@@ -30,6 +30,15 @@ ranks sends 2(N-1)/N x S per rank, a broadcast (N-1)/N x S on average), as
 examples/support/wire_bytes.rs counts the workbook's; it wraps DDP in a
 counting comm hook, so time without it.
 
+--fsdp full|grad-op: PyTorch's FSDP2, `fully_shard` on each transformer
+block and then on the root (a device mesh of the world's ranks on the CPU,
+gloo, float32), reshard_after_forward=True (full: FULL_SHARD, ZeRO-3) or
+False (grad-op: SHARD_GRAD_OP, ZeRO-2), AdamW over the sharded parameters
+(fused with --setting best); the first micro-batch under
+set_requires_gradient_sync(False), FSDP2's no_sync, as the workbook's
+--shard runs. --count-bytes counts its all-gathers and reduce-scatters
+((N-1)/N x the gathered size each).
+
 --zero: ZeRO-1, torch.distributed.optim.ZeroRedundancyOptimizer around
 AdamW, inside DDP (which all-reduces the gradients; each rank then steps
 its partition of the parameters and broadcasts it). With --setting best,
@@ -125,9 +134,19 @@ def masked_cross_entropy(logits, targets, mask):
 
 
 def wrap(model, args, device):
-    """The model as this run trains it: bare (--no-ddp) or in DDP, with the setting's options."""
+    """The model as this run trains it: bare (--no-ddp), sharded (--fsdp) or
+    in DDP, with the setting's options."""
     if args.no_ddp:
         return model
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        reshard = args.fsdp == "full"  # grad-op keeps the gathered parameters until backward
+        for block in model.blocks:  # one unit per transformer block, as the workbook's FullyShard
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        return fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     if args.setting == "defaults":
         return DistributedDataParallel(model)
     # Not static_graph=True: with no_sync it fails in torch 2.11 (reducer.cpp:1705,
@@ -146,7 +165,8 @@ def optimizer_for(model, args):
 
 class WireBytes:
     """What this rank's collectives put on the wire (--count-bytes): DDP's
-    buckets through a comm hook, ZeRO's broadcasts through dist.broadcast."""
+    buckets through a comm hook, ZeRO's broadcasts through dist.broadcast,
+    FSDP's all-gathers and reduce-scatters through dist's functions."""
 
     def __init__(self, world_size):
         self.world_size, self.bytes = world_size, 0
@@ -155,6 +175,10 @@ class WireBytes:
         self.bytes += tensor.numel() * tensor.element_size() * factor * (self.world_size - 1) / self.world_size
 
     def install(self, model):
+        if not isinstance(model, DistributedDataParallel):
+            self.install_fsdp()
+            return
+
         def all_reduce_hook(state, bucket):
             self.add(bucket.buffer(), 2)
             return default_hooks.allreduce_hook(None, bucket)
@@ -167,6 +191,22 @@ class WireBytes:
             return broadcast(tensor, *args, **kwargs)
 
         dist.broadcast = counted_broadcast  # ZeroRedundancyOptimizer calls dist.broadcast
+
+    def install_fsdp(self):
+        # FSDP2 (_fsdp_collectives.py) calls dist.all_gather_into_tensor and
+        # dist.reduce_scatter_tensor at call time: the gathered (the whole)
+        # tensor is the output of the one and the input of the other.
+        gather, scatter = dist.all_gather_into_tensor, dist.reduce_scatter_tensor
+
+        def counted_gather(output, *args, **kwargs):
+            self.add(output, 1)
+            return gather(output, *args, **kwargs)
+
+        def counted_scatter(output, input, *args, **kwargs):
+            self.add(input, 1)
+            return scatter(output, input, *args, **kwargs)
+
+        dist.all_gather_into_tensor, dist.reduce_scatter_tensor = counted_gather, counted_scatter
 
 
 def peak_rss_kib():
@@ -215,6 +255,13 @@ def run(rank, world_size, port, args):
             # Under no_sync for all but the last micro-batch: its forward too,
             # since DDP decides in forward whether the backward syncs.
             skip = i + 1 < args.accum_steps and not args.no_ddp
+            if args.fsdp:  # FSDP2's no_sync: the full gradients add up, the last backward sends
+                model.set_requires_gradient_sync(not skip)
+                inputs, targets = next_micro_batch()
+                loss = masked_cross_entropy(model(inputs), targets, mask) / args.accum_steps
+                loss.backward()
+                loss_sum += loss.item()
+                continue
             around_forward = model.no_sync() if skip and not args.forward_outside_no_sync else nullcontext()
             with around_forward:
                 inputs, targets = next_micro_batch()
@@ -284,6 +331,8 @@ def main():
                         help="the GPT's size, scripts/torch/models.py's SIZES (GptConfig::of_size)")
     parser.add_argument("--zero", action="store_true",
                         help="ZeRO-1: ZeroRedundancyOptimizer around AdamW, inside DDP")
+    parser.add_argument("--fsdp", choices=["full", "grad-op"],
+                        help="FSDP2's fully_shard per block and at the root: FULL_SHARD or SHARD_GRAD_OP")
     parser.add_argument("--count-bytes", action="store_true",
                         help="print wire_bytes_per_step (a counting comm hook: time without it)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -291,8 +340,10 @@ def main():
     args = parser.parse_args()
     if args.steps < 1 or args.warmup_steps < 0:
         parser.error("--steps must be at least 1 and --warmup-steps at least 0")
-    if args.no_ddp and (args.zero or args.count_bytes):
-        parser.error("--zero and --count-bytes need DDP: drop --no-ddp")
+    if args.no_ddp and (args.zero or args.count_bytes or args.fsdp):
+        parser.error("--zero, --fsdp and --count-bytes need a process group: drop --no-ddp")
+    if args.zero and args.fsdp:
+        parser.error("--zero (ZeRO-1 in DDP) and --fsdp are different strategies: give one")
     if args.no_ddp:
         if args.world_size != 1:
             parser.error("--no-ddp runs one process: give --world-size 1")
