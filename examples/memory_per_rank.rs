@@ -1,11 +1,13 @@
 //! Chapter 14's memory table and figure data: the bytes of parameters,
 //! gradients and AdamW state one rank holds during one training step of a
-//! GPT, under DDP, ZeRO-1 (chapter 11) and FSDP (chapter 14), on 1 to 4
+//! GPT, under DDP, ZeRO-1 (chapter 11), ZeRO-2 (chapter 13) and FSDP
+//! (chapter 14), on 1 to 4
 //! in-process ranks, in float32, next to the 16 bytes per parameter
 //! (4 + 4 + 8) that DDP's arithmetic gives.
 //!
-//! Measured, not computed: FSDP's numbers are the peak of the library's
-//! `MemoryLedger`, to which `FullyShard` reports every shard, all-gather
+//! Measured, not computed: ZeRO-2's and FSDP's numbers are the peak of the
+//! library's `MemoryLedger`, to which `ShardGradOp` reports its buckets,
+//! full gradients, gradient shards and moments, and `FullyShard` every shard, all-gather
 //! output, full parameter gathered and freed, gradient, reduce-scatter
 //! input, gradient shard and moment. DDP and ZeRO-1 allocate their tensors
 //! once and hold them for the whole step: their numbers are the bytes of
@@ -23,7 +25,7 @@
 use clap::Parser;
 use ddp_workbook::ddp::{
     tensor_bytes, BucketCaps, FsdpAdamW, FsdpOptions, FullyShard, HeldBytes, Holding, MemoryLedger,
-    Replicated, ShardedAdamW, SimpleDistributedDataParallelism,
+    Replicated, ShardGradOp, ShardedAdamW, SimpleDistributedDataParallelism,
 };
 use ddp_workbook::dist::{spawn, Group};
 use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
@@ -34,7 +36,7 @@ use ddp_workbook::train::AdamW;
 mod table_file;
 
 #[derive(Parser)]
-#[command(about = "Bytes per rank of DDP, ZeRO-1 and FSDP during one step, from the ledgers")]
+#[command(about = "Bytes per rank of DDP, ZeRO-1, ZeRO-2 and FSDP during one step, from the ledgers")]
 struct Args {
     /// Write the Markdown table to this file (chapters/tables/fsdp-memory.md).
     #[arg(long)]
@@ -120,6 +122,23 @@ fn zero1(pg: Group) -> anyhow::Result<Measured> {
     Ok(Measured { peak: ledger.peak(), timeline: timeline(&ledger), params: params_of(&named) })
 }
 
+fn zero2(pg: Group) -> anyhow::Result<Measured> {
+    let (vs, gpt) = Gpt::seeded(0, &config(), Kind::Float);
+    let named = named_parameters(&vs);
+    let rank = pg.rank();
+    // Buckets smaller than a block, as chapter 13's table: with the default
+    // 25 MiB cap this whole model is one bucket, whose flat copy and full
+    // gradients are alive together, so sharding would save nothing.
+    let caps = BucketCaps { cap_bytes: 64 * 1024, first_cap_bytes: 64 * 1024 };
+    let mut zero2 = ShardGradOp::new(gpt, &vs, pg, caps, LR, 0.0)?;
+    let ledger = zero2.ledger();
+    ledger.reset_peak();
+    let (x, y) = batch(rank);
+    zero2.backward(&loss(&zero2.forward(&x), &y))?;
+    zero2.step()?;
+    Ok(Measured { peak: ledger.peak(), timeline: timeline(&ledger), params: params_of(&named) })
+}
+
 fn fsdp(pg: Group) -> anyhow::Result<Measured> {
     let (vs, gpt) = Gpt::seeded(0, &config(), Kind::Float);
     let named = named_parameters(&vs);
@@ -141,7 +160,7 @@ fn params_of(named: &[(String, Tensor)]) -> usize {
 
 type Strategy = (&'static str, fn(Group) -> anyhow::Result<Measured>);
 
-const STRATEGIES: [Strategy; 3] = [("DDP", ddp), ("ZeRO-1", zero1), ("FSDP", fsdp)];
+const STRATEGIES: [Strategy; 4] = [("DDP", ddp), ("ZeRO-1", zero1), ("ZeRO-2", zero2), ("FSDP", fsdp)];
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -191,7 +210,7 @@ fn main() -> anyhow::Result<()> {
     let settings = [
         "rank 0's bytes at the peak of one AdamW step (forward, backward, step), from the ledgers"
             .to_string(),
-        "FSDP: `fully_shard` on each block and the root, `reshard_after_forward=True`".to_string(),
+        "ZeRO-2: `ShardGradOp` with buckets of 64 KiB; FSDP: `fully_shard` on each block and the root, `reshard_after_forward=True`".to_string(),
     ];
     if let Some(path) = &args.table {
         let command = table_file::command_line("cargo run --example memory_per_rank");

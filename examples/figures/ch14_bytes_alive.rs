@@ -1,5 +1,5 @@
 //! Chapter 14's figure: the bytes of parameters, gradients and AdamW state
-//! that rank 0 of 2 holds over one step, under DDP, ZeRO-1 and FSDP: FSDP's
+//! that rank 0 of 2 holds over one step, under DDP, ZeRO-1, ZeRO-2 and FSDP: FSDP's
 //! gathers rising before each unit computes and its frees falling after.
 //! Drawn from chapters/figures/data/fsdp_memory.tsv, which
 //! `cargo run --example memory_per_rank -- --table chapters/tables/fsdp-memory.md --data chapters/figures/data/fsdp_memory.tsv`
@@ -14,7 +14,7 @@ pub fn figures() -> Vec<Figure> {
     vec![Figure { file: "ch14-bytes-alive.svg", draw: bytes_alive }]
 }
 
-const STRATEGIES: [&str; 3] = ["DDP", "ZeRO-1", "FSDP"];
+const STRATEGIES: [&str; 4] = ["DDP", "ZeRO-1", "ZeRO-2", "FSDP"];
 
 fn bytes_alive() -> anyhow::Result<String> {
     let data = read_data("fsdp_memory.tsv")?;
@@ -34,7 +34,8 @@ fn bytes_alive() -> anyhow::Result<String> {
         "Bytes alive on one rank over one step, 2 ranks",
         "Parameters, gradients and AdamW's moments that rank 0 holds during one step of an 8-block GPT \
          (float32). DDP and ZeRO-1 hold every parameter all the time and every gradient from backward on; \
-         ZeRO-1 keeps half the moments. FSDP keeps half of everything and rises only while a unit is \
+         ZeRO-1 keeps half the moments. ZeRO-2 also lets each bucket's full gradients go once its \
+         reduce-scatter has left, keeping half of them. FSDP keeps half of everything and rises only while a unit is \
          gathered: each all-gather raises it, each free lowers it, in forward and again in backward.",
     );
     let plot = Plot {
@@ -75,7 +76,7 @@ fn bytes_alive() -> anyhow::Result<String> {
         MUTED,
         &format!(
             "Drawn by cargo run --example figures from chapters/figures/data/fsdp_memory.tsv, written by `{}` \
-             from the library's MemoryLedger (FSDP: every event it records; DDP and ZeRO-1: the tensors \
+             from the library's MemoryLedger (ZeRO-2 and FSDP: every event they record; DDP and ZeRO-1: the tensors \
              they hold, in the order the step creates them). The x axis counts events, not time.",
             data.about("command")?
         ),
