@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
+use super::flat_state::{self, check_shard, lay_out, Moments};
 use super::grad_shards::{keep_shard, reduce_scatter_bucket, InFlight};
 use super::shards::{shard_of, Shard};
 use crate::autograd::{clear_grad, GradReadyHooks};
@@ -172,8 +173,12 @@ impl<M: Module> ShardGradOp<M> {
         let (mut buckets, mut shards) = (vec![], vec![]);
         for (b, bucket) in layout.iter().enumerate() {
             let shard = (steps.shard_of)(bucket.numel, world_size, rank);
-            check_shard(rank, world_size, bucket.numel, shard)?;
-            let laid = lay_out(pg.as_ref(), &params, bucket, shard)?;
+            check_shard("ShardGradOp::new", pg.as_ref(), bucket.numel, shard)?;
+            let param = lay_out(pg.as_ref(), &params, &bucket.params, bucket.numel, shard)?;
+            let zeros = |n: usize| Tensor::zeros([n as i64], (bucket.kind, bucket.device));
+            let (members, numel, exp_avg, exp_avg_sq) =
+                (bucket.params.clone(), bucket.numel, zeros(shard.len), zeros(shard.len));
+            let laid = GradOpBucket { members, numel, shard, param, exp_avg, exp_avg_sq };
             ledger.alloc(Holding::Parameters, tensor_bytes(&laid.param), &format!("bucket {b}'s parameters"));
             let moments = tensor_bytes(&laid.exp_avg) + tensor_bytes(&laid.exp_avg_sq);
             ledger.alloc(
@@ -438,27 +443,8 @@ impl<M: Module> ShardGradOp<M> {
     /// so that a checkpoint of either resumes the other. A collective.
     pub fn gathered_state(&self) -> Result<Vec<Named>, DistError> {
         let state = self.lock();
-        let pg = state.pg.as_ref();
-        let mut out = vec![("step".to_string(), Tensor::from_slice(&[self.step]))];
-        for ((name, _), count) in state.params.iter().zip(&self.param_steps) {
-            out.push((format!("step.{name}"), Tensor::from_slice(&[*count])));
-        }
-        for bucket in &self.buckets {
-            for (prefix, shard) in [("exp_avg", &bucket.exp_avg), ("exp_avg_sq", &bucket.exp_avg_sq)] {
-                let shards = pg.all_gather(shard)?; // world_size x [len], in rank order
-                let whole =
-                    Tensor::f_cat(&shards, 0).map_err(torch_error(pg, "joining the gathered moments"))?;
-                let mut offset = 0;
-                for &i in &bucket.members {
-                    let (name, param) = &state.params[i];
-                    let numel = param.numel() as i64;
-                    let moment = whole.narrow(0, offset, numel).reshape(param.size());
-                    out.push((format!("{prefix}.{name}"), moment));
-                    offset += numel;
-                }
-            }
-        }
-        Ok(out)
+        let buckets = self.buckets.iter().map(moments);
+        flat_state::gathered_state(state.pg.as_ref(), self.step, &state.params, &self.param_steps, buckets)
     }
 
     /// Restores a state [`gathered_state`](Self::gathered_state) (or
@@ -467,45 +453,9 @@ impl<M: Module> ShardGradOp<M> {
     pub fn load_state(&mut self, saved: &[Named]) -> Result<(), DistError> {
         let shared = self.state.clone();
         let state = shared.lock().unwrap_or_else(|p| p.into_inner());
-        let rank = state.pg.rank();
-        let invalid =
-            |detail: String| DistError::Invalid { rank, op: "ShardGradOp::load_state".into(), detail };
-        let find = |key: &str| {
-            let entry = saved.iter().find(|(name, _)| name == key).map(|(_, t)| t);
-            entry.ok_or_else(|| invalid(format!("no optimizer entry `{key}`")))
-        };
-        let step =
-            Vec::<i64>::try_from(find("step")?).ok().and_then(|s| s.first().copied()).filter(|&s| s >= 0);
-        let step = step.ok_or_else(|| invalid("the optimizer entry `step` is not a step count".into()))?;
-        for bucket in &mut self.buckets {
-            let (offset, len) = (bucket.shard.offset as i64, bucket.shard.len as i64);
-            for prefix in ["exp_avg", "exp_avg_sq"] {
-                let mut flats = vec![];
-                for &i in &bucket.members {
-                    let (name, param) = &state.params[i];
-                    let key = format!("{prefix}.{name}");
-                    let entry = find(&key)?;
-                    if entry.size() != param.size() || entry.kind() != param.kind() {
-                        return Err(invalid(format!(
-                            "optimizer entry `{key}` is {:?} {:?}, the model needs {:?} {:?}",
-                            entry.kind(),
-                            entry.size(),
-                            param.kind(),
-                            param.size()
-                        )));
-                    }
-                    flats.push(entry.reshape([-1]));
-                }
-                let padding = (bucket.shard.padded_numel - bucket.numel) as i64;
-                flats.push(Tensor::zeros([padding], (bucket.param.kind(), bucket.param.device())));
-                let whole = Tensor::cat(&flats, 0); // [padded_numel]
-                let mine = if prefix == "exp_avg" { &mut bucket.exp_avg } else { &mut bucket.exp_avg_sq };
-                tch::no_grad(|| mine.copy_(&whole.narrow(0, offset, len)));
-            }
-        }
-        let names: Vec<String> = state.params.iter().map(|(name, _)| name.clone()).collect();
-        self.param_steps = crate::ddp::param_steps(saved, &names, step).map_err(invalid)?;
-        self.step = step;
+        let (rank, buckets) = (state.pg.rank(), self.buckets.iter().map(moments));
+        let op = "ShardGradOp::load_state";
+        (self.step, self.param_steps) = flat_state::load_state(op, rank, saved, &state.params, buckets)?;
         Ok(())
     }
 
@@ -780,58 +730,8 @@ fn step_shard(
     Ok(())
 }
 
-/// Fails, saying what is wrong, unless `shard` splits a buffer of `numel`
-/// into one equal part per rank and this rank's is the one reduce_scatter
-/// leaves on it.
-fn check_shard(rank: usize, world_size: usize, numel: usize, shard: Shard) -> Result<(), DistError> {
-    let Shard { padded_numel, offset, len } = shard;
-    let problem = if padded_numel < numel {
-        Some(format!("its padded length {padded_numel} is shorter than the {numel} elements it holds"))
-    } else if len * world_size != padded_numel {
-        Some(format!("{world_size} shards of {len} elements do not make its padded length {padded_numel}"))
-    } else if offset != rank * len {
-        Some(format!(
-            "rank {rank}'s shard starts at {offset}: reduce_scatter leaves chunk rank * len = {} here",
-            rank * len
-        ))
-    } else {
-        None
-    };
-    match problem {
-        None => Ok(()),
-        Some(problem) => {
-            let detail = format!("shard_of({numel}, {world_size}, {rank}) returned {shard:?}: {problem}");
-            Err(DistError::Invalid { rank, op: "ShardGradOp::new".into(), detail })
-        }
-    }
-}
-
-/// One padded flat buffer for `bucket`'s members, which become views into
-/// it, and zeroed moments for this rank's shard.
-fn lay_out(
-    pg: &dyn ProcessGroup,
-    params: &[Named],
-    bucket: &Bucket,
-    shard: Shard,
-) -> Result<GradOpBucket, DistError> {
-    let (kind, device) = (bucket.kind, bucket.device);
-    let mut flats: Vec<Tensor> = bucket.params.iter().map(|&i| params[i].1.detach().reshape([-1])).collect();
-    flats.push(Tensor::zeros([(shard.padded_numel - bucket.numel) as i64], (kind, device)));
-    let param = Tensor::f_cat(&flats, 0).map_err(torch_error(pg, "laying out a bucket"))?; // [padded_numel]
-    let mut offset = 0;
-    for &i in &bucket.params {
-        let (n, shape) = (params[i].1.numel() as i64, params[i].1.size());
-        let mut p = params[i].1.shallow_clone();
-        p.set_data(&param.narrow(0, offset, n).view(shape.as_slice()));
-        offset += n;
-    }
-    let zeros = |n: usize| Tensor::zeros([n as i64], (kind, device));
-    Ok(GradOpBucket {
-        members: bucket.params.clone(),
-        numel: bucket.numel,
-        shard,
-        param,
-        exp_avg: zeros(shard.len),
-        exp_avg_sq: zeros(shard.len),
-    })
+/// What [`flat_state`] reads and writes of a bucket.
+fn moments(bucket: &GradOpBucket) -> Moments<'_> {
+    let GradOpBucket { members, numel, shard, exp_avg, exp_avg_sq, .. } = bucket;
+    Moments { members, numel: *numel, shard: *shard, exp_avg, exp_avg_sq }
 }

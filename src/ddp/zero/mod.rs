@@ -2,11 +2,12 @@
 //! over the ranks (PyTorch's `ZeroRedundancyOptimizer`). Plain DDP keeps the
 //! whole AdamW state on every rank, N identical copies; here each rank owns
 //! one shard of every bucket's flat parameters and steps AdamW on that shard
-//! only, so it keeps 1/N of the moments. This file lays the buckets out,
-//! runs the step and gathers the state for a checkpoint; the two functions
-//! chapter 11 asks the learner for, [`shard_of`] and [`step_bucket`], are in
-//! `shards.rs` (the spoilers live there), and the optimizer runs them, or
-//! the learner's through `ddp::seams`.
+//! only, so it keeps 1/N of the moments. This file builds the buckets and
+//! runs the step; laying a bucket out and gathering or restoring the state
+//! for a checkpoint, which ZeRO-2 does the same way, are in `flat_state.rs`.
+//! The two functions chapter 11 asks the learner for, [`shard_of`] and
+//! [`step_bucket`], are in `shards.rs` (the spoilers live there), and the
+//! optimizer runs them, or the learner's through `ddp::seams`.
 //!
 //! With the wrapper, keep every backward of a step inside `no_sync`: the
 //! gradients are reduce-scattered by [`ShardedAdamW::step`], not all-reduced
@@ -24,18 +25,22 @@
 //! shard is kept; the two per-bucket decisions chapter 13 asks for are in
 //! `grad_shards.rs`.
 
+mod flat_state;
 mod grad_op;
 mod grad_shards;
 mod shards;
+#[cfg(test)]
+mod tests;
 
 use tch::{TchError, Tensor};
 
+use flat_state::{check_shard, lay_out, Moments};
 pub use grad_op::{GradOpSteps, KeepShard, ReduceScatterBucket, ShardGradOp, BUCKETS_IN_FLIGHT};
 pub use grad_shards::{keep_shard, reduce_scatter_bucket, InFlight};
 use shards::step_bucket_per_parameter;
 pub use shards::{shard_of, step_bucket, Shard, ShardedBucket};
 
-use crate::ddp::adamw_update::{param_steps, AdamWUpdate};
+use crate::ddp::adamw_update::AdamWUpdate;
 use crate::ddp::reducer::{plan_buckets, BucketCaps, ParamMeta};
 use crate::ddp::wrapper::{StepOptimizer, UnusedParameters};
 use crate::dist::{torch_error, DistError, Group, ProcessGroup, ReduceOp};
@@ -106,14 +111,18 @@ impl ShardedAdamW {
         weight_decay: f64,
         steps: ZeroSteps,
     ) -> Result<Self, DistError> {
-        let mut params: Vec<Named> = params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
+        let params: Vec<Named> = params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
         let layout = plan_buckets(&ParamMeta::of(&params), caps.cap_bytes, caps.first_cap_bytes);
         let (rank, world_size) = (pg.rank(), pg.world_size());
         let mut buckets = vec![];
         for bucket in layout {
             let shard = (steps.shard_of)(bucket.numel, world_size, rank);
-            check_shard(pg.as_ref(), bucket.numel, shard)?;
-            buckets.push(lay_out(pg.as_ref(), &mut params, bucket.params, bucket.numel, shard)?);
+            check_shard("ShardedAdamW::new", pg.as_ref(), bucket.numel, shard)?;
+            let param = lay_out(pg.as_ref(), &params, &bucket.params, bucket.numel, shard)?;
+            let zeros = |n: usize| Tensor::zeros([n as i64], (param.kind(), param.device()));
+            let (grad, exp_avg, exp_avg_sq) = (zeros(shard.padded_numel), zeros(shard.len), zeros(shard.len));
+            let (members, numel) = (bucket.params, bucket.numel);
+            buckets.push(ShardedBucket { members, numel, shard, param, grad, exp_avg, exp_avg_sq });
         }
         let (beta1, beta2, eps) = (0.9, 0.999, 1e-8);
         let param_steps = vec![0; params.len()];
@@ -252,79 +261,23 @@ impl ShardedAdamW {
         self.step
     }
 
-    // ANCHOR: gather
     /// The whole optimizer state, on every rank: `step`, and `exp_avg.<name>`,
     /// `exp_avg_sq.<name>` (in the parameter's shape) and `step.<name>` for
     /// every parameter (what `AdamW::state` returns). A collective: every
     /// rank must call it.
     pub fn gathered_state(&self) -> Result<Vec<Named>, DistError> {
-        let pg = self.pg.as_ref();
-        let mut state = vec![("step".to_string(), Tensor::from_slice(&[self.step]))];
-        for ((name, _), count) in self.params.iter().zip(&self.param_steps) {
-            state.push((format!("step.{name}"), Tensor::from_slice(&[*count])));
-        }
-        for bucket in &self.buckets {
-            for (prefix, shard) in [("exp_avg", &bucket.exp_avg), ("exp_avg_sq", &bucket.exp_avg_sq)] {
-                let shards = pg.all_gather(shard)?; // world_size x [len], in rank order
-                let whole =
-                    Tensor::f_cat(&shards, 0).map_err(torch_error(pg, "joining the gathered moments"))?;
-                let mut offset = 0;
-                for &i in &bucket.members {
-                    let (name, param) = &self.params[i];
-                    let numel = param.numel() as i64;
-                    state.push((
-                        format!("{prefix}.{name}"),
-                        whole.narrow(0, offset, numel).reshape(param.size()),
-                    ));
-                    offset += numel;
-                }
-            }
-        }
-        Ok(state)
+        let buckets = self.buckets.iter().map(moments);
+        flat_state::gathered_state(self.pg.as_ref(), self.step, &self.params, &self.param_steps, buckets)
     }
-    // ANCHOR_END: gather
 
     /// Restores a state that [`gathered_state`](Self::gathered_state) or
     /// `AdamW::state` returned, on any world size: each rank keeps its own
     /// shard of it. Fails, naming the entry, if one is missing or has the
     /// wrong shape or dtype. Needs no communication.
     pub fn load_state(&mut self, state: &[Named]) -> Result<(), DistError> {
-        let rank = self.pg.rank();
-        let invalid =
-            |detail: String| DistError::Invalid { rank, op: "ShardedAdamW::load_state".into(), detail };
-        let find = |key: &str| {
-            let entry = state.iter().find(|(name, _)| name == key).map(|(_, t)| t);
-            entry.ok_or_else(|| invalid(format!("no optimizer entry `{key}`")))
-        };
-        let step =
-            Vec::<i64>::try_from(find("step")?).ok().and_then(|s| s.first().copied()).filter(|&s| s >= 0);
-        let step = step.ok_or_else(|| invalid("the optimizer entry `step` is not a step count".into()))?;
-        for bucket in &mut self.buckets {
-            let (offset, len) = (bucket.shard.offset as i64, bucket.shard.len as i64);
-            for prefix in ["exp_avg", "exp_avg_sq"] {
-                let mut flats = vec![];
-                for &i in &bucket.members {
-                    let (name, param) = &self.params[i];
-                    let (key, saved) = (format!("{prefix}.{name}"), find(&format!("{prefix}.{name}"))?);
-                    if saved.size() != param.size() || saved.kind() != param.kind() {
-                        let (kind, size) = (param.kind(), param.size());
-                        let found = format!("{:?} {:?}", saved.kind(), saved.size());
-                        return Err(invalid(format!(
-                            "optimizer entry `{key}` is {found}, the model needs {kind:?} {size:?}"
-                        )));
-                    }
-                    flats.push(saved.reshape([-1]));
-                }
-                let padding = bucket.shard.padded_numel - bucket.numel;
-                flats.push(Tensor::zeros([padding as i64], (bucket.param.kind(), bucket.param.device())));
-                let whole = Tensor::cat(&flats, 0); // [padded_numel]
-                let mine = if prefix == "exp_avg" { &mut bucket.exp_avg } else { &mut bucket.exp_avg_sq };
-                mine.copy_(&whole.narrow(0, offset, len));
-            }
-        }
-        let names: Vec<String> = self.params.iter().map(|(name, _)| name.clone()).collect();
-        self.param_steps = param_steps(state, &names, step).map_err(invalid)?;
-        self.step = step;
+        let (rank, buckets) = (self.pg.rank(), self.buckets.iter().map(moments));
+        let op = "ShardedAdamW::load_state";
+        (self.step, self.param_steps) = flat_state::load_state(op, rank, state, &self.params, buckets)?;
         Ok(())
     }
 }
@@ -346,60 +299,8 @@ impl StepOptimizer for ShardedAdamW {
     }
 }
 
-/// Fails, saying what is wrong, unless `shard` splits a buffer of `numel`
-/// elements into equal parts, one per rank, that cover it, and this rank's
-/// part is the one `reduce_scatter` leaves on it: `offset == rank * len`.
-/// Any other offset would pass every local test yet make the all-gather,
-/// which puts the shards back in rank order, duplicate or permute
-/// parameters (every rank at offset 0, or the ranks in reverse).
-fn check_shard(pg: &dyn ProcessGroup, numel: usize, shard: Shard) -> Result<(), DistError> {
-    let (rank, world_size) = (pg.rank(), pg.world_size());
-    let Shard { padded_numel, offset, len } = shard;
-    let problem = if padded_numel < numel {
-        Some(format!("its padded length {padded_numel} is shorter than the {numel} elements it holds"))
-    } else if len * world_size != padded_numel {
-        Some(format!("{world_size} shards of {len} elements do not make its padded length {padded_numel}"))
-    } else if offset != rank * len {
-        Some(format!(
-            "rank {rank}'s shard starts at offset {offset}, but the rule is offset == rank * len \
-             (= {rank} * {len} = {}): reduce_scatter leaves the rank-th of the {world_size} equal \
-             chunks on rank {rank}, and all_gather puts each rank's shard back there; make \
-             shard_of return offset rank * len",
-            rank * len
-        ))
-    } else {
-        None
-    };
-    match problem {
-        None => Ok(()),
-        Some(problem) => {
-            let detail = format!("shard_of({numel}, {world_size}, {rank}) returned {shard:?}: {problem}");
-            Err(DistError::Invalid { rank, op: "ShardedAdamW::new".into(), detail })
-        }
-    }
-}
-
-/// One padded flat buffer for `members`' values, which become views into
-/// it (as `AdamW` lays its groups out), zeroed gradients and moments.
-fn lay_out(
-    pg: &dyn ProcessGroup,
-    params: &mut [Named],
-    members: Vec<usize>,
-    numel: usize,
-    shard: Shard,
-) -> Result<ShardedBucket, DistError> {
-    let (kind, device) = (params[members[0]].1.kind(), params[members[0]].1.device());
-    let padding = Tensor::zeros([(shard.padded_numel - numel) as i64], (kind, device));
-    let mut flats: Vec<Tensor> = members.iter().map(|&i| params[i].1.detach().reshape([-1])).collect();
-    flats.push(padding);
-    let param = Tensor::f_cat(&flats, 0).map_err(torch_error(pg, "laying out a bucket"))?; // [padded_numel]
-    let mut offset = 0;
-    for &i in &members {
-        let (n, shape) = (params[i].1.numel() as i64, params[i].1.size());
-        params[i].1.set_data(&param.narrow(0, offset, n).view(shape.as_slice()));
-        offset += n;
-    }
-    let zeros = |n: usize| Tensor::zeros([n as i64], (kind, device));
-    let (grad, exp_avg, exp_avg_sq) = (zeros(shard.padded_numel), zeros(shard.len), zeros(shard.len));
-    Ok(ShardedBucket { members, numel, shard, param, grad, exp_avg, exp_avg_sq })
+/// What [`flat_state`] reads and writes of a bucket.
+fn moments(bucket: &ShardedBucket) -> Moments<'_> {
+    let ShardedBucket { members, numel, shard, exp_avg, exp_avg_sq, .. } = bucket;
+    Moments { members, numel: *numel, shard: *shard, exp_avg, exp_avg_sq }
 }
