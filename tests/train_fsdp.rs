@@ -8,6 +8,7 @@
 mod train_runs;
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use ddp_workbook::check::max_reference_diff;
 use ddp_workbook::data::{masked_cross_entropy, TokenTask};
@@ -16,12 +17,40 @@ use ddp_workbook::models::{named_buffers, named_parameters};
 use ddp_workbook::tch::nn::Module;
 use ddp_workbook::tch::{self, Tensor};
 use ddp_workbook::train::checkpoint::{self, sharded};
-use ddp_workbook::train::{self, build_model, lr_at, AdamW, ConfigError, ShardingStrategy, TrainConfig};
+use ddp_workbook::train::{
+    self, build_model, lr_at, AdamW, ConfigError, Event, ShardingStrategy, TrainConfig,
+};
 use train_runs::{run, scratch};
 
 /// The shared small run under FSDP on `world_size` ranks.
 fn small_run(world_size: usize) -> TrainConfig {
     TrainConfig { world_size, shard: ShardingStrategy::FullShard, ..train_runs::small_run() }
+}
+
+#[test]
+fn every_strategy_logs_the_mean_of_the_ranks_losses_at_the_same_steps() {
+    // 12 steps, a log line every 4: steps 4, 8 and 12, once each (rank 0
+    // alone reports), each the mean of the ranks' own losses of that step,
+    // which every rank's outcome holds.
+    for shard in [ShardingStrategy::NoShard, ShardingStrategy::ShardGradOp, ShardingStrategy::FullShard] {
+        let config = TrainConfig { shard, ..small_run(2) };
+        let (logged, stepped) = (Mutex::new(vec![]), Mutex::new(vec![]));
+        let outcomes = train::train(&config, &|event| match event {
+            Event::Logged { step, loss, .. } => logged.lock().unwrap().push((step, loss)),
+            Event::Stepped { step } => stepped.lock().unwrap().push(step),
+            _ => {}
+        })
+        .unwrap_or_else(|e| panic!("the {shard:?} run failed: {e:#}"));
+        let stepped = stepped.into_inner().unwrap();
+        assert_eq!(stepped, (1..=12).collect::<Vec<_>>(), "{shard:?}: every step reported once");
+        let logged = logged.into_inner().unwrap();
+        let steps: Vec<usize> = logged.iter().map(|&(step, _)| step).collect();
+        assert_eq!(steps, [4, 8, 12], "{shard:?}: a log line every 4 steps and at the last");
+        for (step, loss) in logged {
+            let mean = outcomes.iter().map(|o| o.losses[step - 1]).sum::<f64>() / outcomes.len() as f64;
+            assert!((loss - mean).abs() < 1e-12, "{shard:?} step {step}: logged {loss}, ranks' mean {mean}");
+        }
+    }
 }
 
 #[test]

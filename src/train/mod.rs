@@ -38,6 +38,7 @@ mod run;
 mod run_fsdp;
 mod run_grad_op;
 mod run_optimizer;
+mod step_log;
 
 pub use crate::ddp::AdamWUpdate; // the AdamW arithmetic, in the library for its ZeRO-1 optimizer
 pub use adamw::AdamW;

@@ -4,8 +4,6 @@
 //! Run it:     `cargo run --release --example train`
 //! Its tests:  `cargo test --test train`
 
-use std::time::Duration;
-
 use tch::{nn, Kind, Tensor};
 
 use super::agreement::{check_replicas_agree, check_settings_agree};
@@ -14,6 +12,7 @@ use super::config::TrainConfig;
 use super::outcome::{Evaluation, Event, RankOutcome};
 use super::phases::{Phase, PhaseClock};
 use super::run_optimizer::RunOptimizer;
+use super::step_log::StepLog;
 use crate::check::snapshot;
 use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
 use crate::ddp::Named;
@@ -133,7 +132,7 @@ pub(super) fn train_replicated_rank(
     }
     let tokens_per_step = (config.global_batch() as i64 * task.seq_len()) as f64;
     let k = config.accum_steps;
-    let (mut losses, mut train_time, mut window) = (Vec::new(), Duration::ZERO, (Duration::ZERO, 0));
+    let mut log = StepLog::new(config, rank, last_step, tokens_per_step, on_event);
     let clock = PhaseClock::new(); // where the steps' time goes, for the benchmarks
     let mut fingerprint = None; // of the last state the replicas agreed on
     for step in first_step..=last_step {
@@ -165,10 +164,7 @@ pub(super) fn train_replicated_rank(
         )?;
         drop(_zero);
         clock.lap(Phase::Optimizer);
-        let elapsed = started.elapsed();
-        train_time += elapsed;
-        window = (window.0 + elapsed, window.1 + 1);
-        losses.push(rank_loss);
+        log.stepped(started.elapsed(), rank_loss);
         progress = LoopPosition {
             step: step as i64,
             epoch: cursor.sampler.epoch() as i64,
@@ -177,20 +173,7 @@ pub(super) fn train_replicated_rank(
         // ANCHOR_END: step
 
         // ANCHOR: rank0
-        if step % config.log_every == 0 || step == last_step {
-            // Every rank takes part in the two all-reduces; rank 0 alone prints.
-            let (logits, targets, mask) = last_micro_batch.expect("k >= 1 micro-batches");
-            let accuracy = tch::no_grad(|| masked_accuracy(&logits, &targets, &mask));
-            let (loss, accuracy) = (ddp.mean_over_ranks(rank_loss)?, ddp.mean_over_ranks(accuracy)?);
-            let tokens_per_second = window.1 as f64 * tokens_per_step / window.0.as_secs_f64();
-            if rank == 0 {
-                on_event(Event::Logged { step, loss, accuracy, lr: optimizer.lr(), tokens_per_second });
-            }
-            window = (Duration::ZERO, 0);
-        }
-        if rank == 0 {
-            on_event(Event::Stepped { step });
-        }
+        log.report(step, optimizer.lr(), last_micro_batch, |v| Ok(ddp.mean_over_ranks(v)?))?;
         let due = checkpoint_due(config, step);
         if due.is_some() || step == last_step {
             // The ranks compare the state first and save it after: a
@@ -219,7 +202,8 @@ pub(super) fn train_replicated_rank(
     phases.backward = phases.backward.saturating_sub(sync_time);
     let evaluation = (rank == 0).then(|| evaluate(ddp.module(), config));
     let weights = snapshot(&model_tensors(&vs));
-    let tokens_per_second = losses.len() as f64 * tokens_per_step / train_time.as_secs_f64().max(1e-9);
+    let tokens_per_second = log.tokens_per_second();
+    let StepLog { losses, train_time, .. } = log;
     Ok(RankOutcome {
         rank,
         last_step,

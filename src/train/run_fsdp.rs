@@ -17,8 +17,9 @@ use super::config::TrainConfig;
 use super::outcome::{Event, RankOutcome};
 use super::phases::{Phase, PhaseClock};
 use super::run::{build_model, checkpoint_due, evaluate, lr_at, micro_batch, ShardCursor};
+use super::step_log::StepLog;
 use crate::check::snapshot;
-use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
+use crate::data::{masked_cross_entropy, TokenTask};
 use crate::ddp::{shard_rows, DistributedSampler, FsdpAdamW, FsdpOptions, FullyShard, Named, SamplerOptions};
 use crate::dist::{Group, ReduceOp};
 use crate::models::{named_buffers, named_parameters};
@@ -76,7 +77,7 @@ pub(super) fn train_rank_fsdp(
     };
     let tokens_per_step = (config.global_batch() as i64 * task.seq_len()) as f64;
     let k = config.accum_steps;
-    let (mut losses, mut train_time, mut window) = (Vec::new(), Duration::ZERO, (Duration::ZERO, 0));
+    let mut log = StepLog::new(config, rank, last_step, tokens_per_step, on_event);
     let clock = PhaseClock::new();
     for step in first_step..=last_step {
         // ANCHOR: fsdp_step
@@ -103,28 +104,13 @@ pub(super) fn train_rank_fsdp(
         fsdp.zero_grad();
         // ANCHOR_END: fsdp_step
         clock.lap(Phase::Optimizer);
-        let elapsed = started.elapsed();
-        train_time += elapsed;
-        window = (window.0 + elapsed, window.1 + 1);
-        losses.push(rank_loss);
+        log.stepped(started.elapsed(), rank_loss);
         progress = LoopPosition {
             step: step as i64,
             epoch: cursor.sampler.epoch() as i64,
             position: cursor.position as i64,
         };
-        if step % config.log_every == 0 || step == last_step {
-            let (logits, targets, mask) = last_micro_batch.expect("k >= 1 micro-batches");
-            let accuracy = tch::no_grad(|| masked_accuracy(&logits, &targets, &mask));
-            let (loss, accuracy) = (mean_over_ranks(rank_loss)?, mean_over_ranks(accuracy)?);
-            let tokens_per_second = window.1 as f64 * tokens_per_step / window.0.as_secs_f64();
-            if rank == 0 {
-                on_event(Event::Logged { step, loss, accuracy, lr: adamw.lr, tokens_per_second });
-            }
-            window = (Duration::ZERO, 0);
-        }
-        if rank == 0 {
-            on_event(Event::Stepped { step });
-        }
+        log.report(step, adamw.lr, last_micro_batch, mean_over_ranks)?;
         if let Some(path) = checkpoint_due(config, step) {
             save_sharded(&pg, path, &fsdp, &adamw, &vs, config, progress)?;
             if rank == 0 {
@@ -145,7 +131,8 @@ pub(super) fn train_rank_fsdp(
         None
     };
     let weights = snapshot(&state.model);
-    let tokens_per_second = losses.len() as f64 * tokens_per_step / train_time.as_secs_f64().max(1e-9);
+    let tokens_per_second = log.tokens_per_second();
+    let StepLog { losses, train_time, .. } = log;
     Ok(RankOutcome {
         rank,
         last_step,

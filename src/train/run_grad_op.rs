@@ -14,8 +14,9 @@ use super::config::TrainConfig;
 use super::outcome::{Event, RankOutcome};
 use super::phases::{Phase, PhaseClock};
 use super::run::{build_model, checkpoint_due, evaluate, lr_at, micro_batch, model_tensors, ShardCursor};
+use super::step_log::StepLog;
 use crate::check::snapshot;
-use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
+use crate::data::{masked_cross_entropy, TokenTask};
 use crate::ddp::{BucketCaps, DistributedSampler, SamplerOptions, ShardGradOp, MIB};
 use crate::dist::Group;
 use crate::models::{named_buffers, named_parameters, Gpt};
@@ -62,7 +63,7 @@ pub(super) fn train_rank_grad_op(
     }
     let tokens_per_step = (config.global_batch() as i64 * task.seq_len()) as f64;
     let k = config.accum_steps;
-    let (mut losses, mut train_time, mut window) = (Vec::new(), Duration::ZERO, (Duration::ZERO, 0));
+    let mut log = StepLog::new(config, rank, last_step, tokens_per_step, on_event);
     let clock = PhaseClock::new();
     let mut fingerprint = None;
     for step in first_step..=last_step {
@@ -90,28 +91,13 @@ pub(super) fn train_rank_grad_op(
         model.step()?;
         model.zero_grad()?;
         clock.lap(Phase::Optimizer);
-        let elapsed = started.elapsed();
-        train_time += elapsed;
-        window = (window.0 + elapsed, window.1 + 1);
-        losses.push(rank_loss);
+        log.stepped(started.elapsed(), rank_loss);
         progress = LoopPosition {
             step: step as i64,
             epoch: cursor.sampler.epoch() as i64,
             position: cursor.position as i64,
         };
-        if step % config.log_every == 0 || step == last_step {
-            let (logits, targets, mask) = last_micro_batch.expect("k >= 1 micro-batches");
-            let accuracy = tch::no_grad(|| masked_accuracy(&logits, &targets, &mask));
-            let (loss, accuracy) = (model.mean_over_ranks(rank_loss)?, model.mean_over_ranks(accuracy)?);
-            let tokens_per_second = window.1 as f64 * tokens_per_step / window.0.as_secs_f64();
-            if rank == 0 {
-                on_event(Event::Logged { step, loss, accuracy, lr: model.lr(), tokens_per_second });
-            }
-            window = (Duration::ZERO, 0);
-        }
-        if rank == 0 {
-            on_event(Event::Stepped { step });
-        }
+        log.report(step, model.lr(), last_micro_batch, |v| Ok(model.mean_over_ranks(v)?))?;
         let due = checkpoint_due(config, step);
         if due.is_some() || step == last_step {
             // Compare, then save, as the plain run does.
@@ -129,7 +115,8 @@ pub(super) fn train_rank_grad_op(
     };
     let evaluation = (rank == 0).then(|| evaluate(model.module(), config));
     let weights = snapshot(&model_tensors(&vs));
-    let tokens_per_second = losses.len() as f64 * tokens_per_step / train_time.as_secs_f64().max(1e-9);
+    let tokens_per_second = log.tokens_per_second();
+    let StepLog { losses, train_time, .. } = log;
     Ok(RankOutcome {
         rank,
         last_step,
