@@ -65,6 +65,12 @@ impl ShardCursor {
         self.position += len;
         &self.shard[self.position - len..self.position]
     }
+
+    /// Where the loop stands once `step` is done: what a checkpoint saves
+    /// to resume at the next micro-batch.
+    pub(super) fn after(&self, step: usize) -> LoopPosition {
+        LoopPosition { step: step as i64, epoch: self.sampler.epoch() as i64, position: self.position as i64 }
+    }
 }
 
 /// Inputs, targets and mask of the sequences at `indices` of `task`, on `device`.
@@ -165,11 +171,7 @@ pub(super) fn train_replicated_rank(
         drop(_zero);
         clock.lap(Phase::Optimizer);
         log.stepped(started.elapsed(), rank_loss);
-        progress = LoopPosition {
-            step: step as i64,
-            epoch: cursor.sampler.epoch() as i64,
-            position: cursor.position as i64,
-        };
+        progress = cursor.after(step);
         // ANCHOR_END: step
 
         // ANCHOR: rank0
@@ -181,7 +183,7 @@ pub(super) fn train_replicated_rank(
             // alone, and a restart would resume every rank from it as if
             // they had agreed (agreement.rs). Sharded, gathering the state
             // is a collective.
-            let (state, agreed) = agreed_state(&pg, &vs, &optimizer, config, progress)?;
+            let (state, agreed) = agreed_state(&pg, &vs, optimizer.state()?, config, progress)?;
             fingerprint = Some(agreed);
             if let (Some(path), 0) = (due, rank) {
                 checkpoint::save(path, &state)?;
@@ -194,7 +196,7 @@ pub(super) fn train_replicated_rank(
     // step, fingerprinted on every rank, was the same everywhere.
     let fingerprint = match fingerprint {
         Some(agreed) => agreed,
-        None => agreed_state(&pg, &vs, &optimizer, config, progress)?.1, // no step was left to run
+        None => agreed_state(&pg, &vs, optimizer.state()?, config, progress)?.1, // no step was left to run
     };
     let sync_time = ddp.sync_time();
     let mut phases = clock.phases();
@@ -268,22 +270,19 @@ pub(super) fn model_tensors(vs: &tch::nn::VarStore) -> Vec<Named> {
     named_parameters(vs).into_iter().chain(named_buffers(vs)).map(on_cpu).collect()
 }
 
-/// The state a checkpoint after `progress` holds, and its fingerprint,
-/// once every rank has found its own the same ([`check_replicas_agree`];
-/// otherwise every rank fails with `ReplicasDiffer`). Every rank calls it.
-fn agreed_state(
+/// The state a checkpoint after `progress` holds (`optimizer`: the whole
+/// optimizer state, gathered on every rank where it is sharded), and its
+/// fingerprint, once every rank has found its own the same
+/// ([`check_replicas_agree`]; otherwise every rank fails with
+/// `ReplicasDiffer`). Every rank calls it.
+pub(super) fn agreed_state(
     pg: &Group,
     vs: &tch::nn::VarStore,
-    optimizer: &RunOptimizer,
+    optimizer: Vec<Named>,
     config: &TrainConfig,
     progress: LoopPosition,
 ) -> anyhow::Result<(Checkpoint, i64)> {
-    let state = Checkpoint {
-        model: model_tensors(vs),
-        optimizer: optimizer.state()?, // sharded: gathered, on every rank
-        progress,
-        settings: config.settings(),
-    };
+    let state = Checkpoint { model: model_tensors(vs), optimizer, progress, settings: config.settings() };
     let agreed = check_replicas_agree(pg.as_ref(), checkpoint::fingerprint(&state), progress.step as usize)?;
     Ok((state, agreed))
 }

@@ -105,11 +105,7 @@ pub(super) fn train_rank_fsdp(
         // ANCHOR_END: fsdp_step
         clock.lap(Phase::Optimizer);
         log.stepped(started.elapsed(), rank_loss);
-        progress = LoopPosition {
-            step: step as i64,
-            epoch: cursor.sampler.epoch() as i64,
-            position: cursor.position as i64,
-        };
+        progress = cursor.after(step);
         log.report(step, adamw.lr, last_micro_batch, mean_over_ranks)?;
         if let Some(path) = checkpoint_due(config, step) {
             save_sharded(&pg, path, &fsdp, &adamw, &vs, config, progress)?;

@@ -8,12 +8,14 @@
 
 use std::time::Duration;
 
-use super::agreement::{check_replicas_agree, check_settings_agree};
-use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition};
+use super::agreement::check_settings_agree;
+use super::checkpoint::{self, CheckpointError, LoopPosition};
 use super::config::TrainConfig;
 use super::outcome::{Event, RankOutcome};
 use super::phases::{Phase, PhaseClock};
-use super::run::{build_model, checkpoint_due, evaluate, lr_at, micro_batch, model_tensors, ShardCursor};
+use super::run::{
+    agreed_state, build_model, checkpoint_due, evaluate, lr_at, micro_batch, model_tensors, ShardCursor,
+};
 use super::step_log::StepLog;
 use crate::check::snapshot;
 use crate::data::{masked_cross_entropy, TokenTask};
@@ -92,16 +94,12 @@ pub(super) fn train_rank_grad_op(
         model.zero_grad()?;
         clock.lap(Phase::Optimizer);
         log.stepped(started.elapsed(), rank_loss);
-        progress = LoopPosition {
-            step: step as i64,
-            epoch: cursor.sampler.epoch() as i64,
-            position: cursor.position as i64,
-        };
+        progress = cursor.after(step);
         log.report(step, model.lr(), last_micro_batch, |v| Ok(model.mean_over_ranks(v)?))?;
         let due = checkpoint_due(config, step);
         if due.is_some() || step == last_step {
             // Compare, then save, as the plain run does.
-            let (state, agreed) = agreed_state(&pg, &vs, &model, config, progress)?;
+            let (state, agreed) = agreed_state(&pg, &vs, model.gathered_state()?, config, progress)?;
             fingerprint = Some(agreed);
             if let (Some(path), 0) = (due, rank) {
                 checkpoint::save(path, &state)?;
@@ -111,7 +109,7 @@ pub(super) fn train_rank_grad_op(
     }
     let fingerprint = match fingerprint {
         Some(agreed) => agreed,
-        None => agreed_state(&pg, &vs, &model, config, progress)?.1,
+        None => agreed_state(&pg, &vs, model.gathered_state()?, config, progress)?.1,
     };
     let evaluation = (rank == 0).then(|| evaluate(model.module(), config));
     let weights = snapshot(&model_tensors(&vs));
@@ -129,23 +127,4 @@ pub(super) fn train_rank_grad_op(
         phases: clock.phases(),
         fingerprint,
     })
-}
-
-/// The state a checkpoint after `progress` holds (the moments gathered: a
-/// collective) and its fingerprint, once every rank found its own the same.
-fn agreed_state(
-    pg: &Group,
-    vs: &tch::nn::VarStore,
-    model: &ShardGradOp<Gpt>,
-    config: &TrainConfig,
-    progress: LoopPosition,
-) -> anyhow::Result<(Checkpoint, i64)> {
-    let state = Checkpoint {
-        model: model_tensors(vs),
-        optimizer: model.gathered_state()?,
-        progress,
-        settings: config.settings(),
-    };
-    let agreed = check_replicas_agree(pg.as_ref(), checkpoint::fingerprint(&state), progress.step as usize)?;
-    Ok((state, agreed))
 }
