@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from teardown import leave
 
 
 class Block(torch.nn.Module):
@@ -75,6 +76,7 @@ def main():
     if rank == 0:
         print("\n".join(line for rank_lines in every for line in rank_lines), flush=True)
     dist.destroy_process_group()
+    leave()  # skips the interpreter's shutdown (scripts/torch/teardown.py)
 
 
 if __name__ == "__main__":

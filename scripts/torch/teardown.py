@@ -1,5 +1,6 @@
 """How the PyTorch scripts the tests run
-(scripts/torch/oracle.py and the chapter twins in scripts/torch/twins/)
+(scripts/torch/oracle.py, fully_shard_lines.py and the chapter twins in
+scripts/torch/twins/)
 end their processes. Not run by itself; they import it.
 
 Why: after a script has printed its verdict and called
