@@ -14,18 +14,16 @@
 //! bytes each rank hands to collectives are noted call by call by a group
 //! around the library's, and compared with sizes worked out by hand.
 
-use std::sync::{Arc, Mutex};
-
 use ddp_workbook::ch11_zero::{AdamW, BucketCaps, Replicated, ShardedAdamW};
 use ddp_workbook::check::{compare_replicas, compare_to_reference, snapshot};
 use ddp_workbook::data::Regression;
 use ddp_workbook::ddp;
-use ddp_workbook::dist::{CommStats, DistError, Group, ReduceOp, Work};
+use ddp_workbook::dist::{CommStats, Group};
 use ddp_workbook::models::{named_parameters, Mlp};
 use ddp_workbook::tch::{Kind, Tensor};
 
 use super::step_bucket::likely_cause;
-use crate::common::forwarding::{Forwarding, Intercept};
+use crate::common::counting::{counted, ring_bytes, Call};
 use crate::common::{assert_matches_one_process, mse, run, Hints, Named, Step, TOLERANCE};
 
 pub(super) const SIZES: &[i64] = &[4, 5, 3, 1]; // 47 parameters
@@ -51,50 +49,6 @@ pub(super) struct RankRun {
     pub(super) sync_stats: Vec<CommStats>,
     /// The same sync, call by call, as a group around the library's saw it.
     pub(super) sync_calls: Vec<Vec<Call>>,
-}
-
-/// One collective call: which one, and the bytes of the tensor this rank
-/// handed to it.
-pub(super) type Call = (&'static str, usize);
-
-/// An intercept that notes every all-reduce, reduce-scatter and all-gather
-/// with its bytes, then makes the call: the bytes of each call, counted
-/// outside the library, where `stats()` only sums them.
-#[derive(Clone, Default)]
-struct CountCalls(Arc<Mutex<Vec<Call>>>);
-
-impl CountCalls {
-    fn note(&self, op: &'static str, tensor: &Tensor) {
-        let bytes = tensor.numel() * tensor.kind().elt_size_in_bytes();
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((op, bytes));
-    }
-
-    /// The calls noted since the last `take`.
-    fn take(&self) -> Vec<Call> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-}
-
-impl Intercept for CountCalls {
-    fn all_reduce_async(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
-        self.note("all_reduce", tensor);
-        inner.all_reduce_async(tensor, op)
-    }
-    fn reduce_scatter(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        self.note("reduce_scatter", tensor);
-        inner.reduce_scatter(tensor, op)
-    }
-    fn all_gather(&self, inner: &Group, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
-        self.note("all_gather", tensor);
-        inner.all_gather(tensor)
-    }
-}
-
-/// `pg`, with every collective call noted by the returned counter.
-fn counted(pg: &Group) -> (Group, CountCalls) {
-    let calls = CountCalls::default();
-    let group = Forwarding { inner: pg.clone(), name: "counting", intercept: calls.clone() };
-    (Arc::new(group), calls)
 }
 
 fn data() -> Regression {
@@ -289,19 +243,6 @@ fn each_rank_keeps_a_world_size_th_of_the_moments() {
             1.0 / world_size as f64
         );
     }
-}
-
-/// What a rank sends on a ring for `calls`: (N - 1)/N of what it hands an
-/// all-reduce, twice; (N - 1)/N of a reduce-scatter's input; N - 1 times an
-/// all-gather's.
-fn ring_bytes(calls: &[Call], world_size: usize) -> f64 {
-    let n = world_size as f64;
-    let sent = |&(op, bytes): &Call| match op {
-        "all_reduce" => 2.0 * (n - 1.0) / n * bytes as f64,
-        "reduce_scatter" => (n - 1.0) / n * bytes as f64,
-        _ => (n - 1.0) * bytes as f64,
-    };
-    calls.iter().map(sent).sum()
 }
 
 #[test]

@@ -14,73 +14,14 @@
 //! all-reduce; the backward all-gather is the extra half. Without
 //! `reshard_after_forward` nothing is gathered twice: DDP's bytes.
 
-use std::sync::{Arc, Mutex};
-
 use ddp_workbook::ch14_fsdp::FsdpOptions;
 use ddp_workbook::ddp::SimpleDistributedDataParallelism;
-use ddp_workbook::dist::{DistError, Group, ReduceOp, Work};
 use ddp_workbook::models::named_parameters;
-use ddp_workbook::tch::{Kind, Tensor};
 
 use super::schedule::assert_your_schedule_is_sound;
 use super::training::{batch, build, gpt_config, local_rows, loss, shard, Case, Model, Opt, LOCAL};
-use crate::common::forwarding::{Forwarding, Intercept};
+use crate::common::counting::{counted, ring_bytes, Call};
 use crate::common::run;
-
-/// One collective call: which one, and the bytes this rank handed to it.
-type Call = (&'static str, usize);
-
-/// Notes every all-reduce, reduce-scatter and all-gather with its bytes.
-#[derive(Clone, Default)]
-struct CountCalls(Arc<Mutex<Vec<Call>>>);
-
-impl CountCalls {
-    fn note(&self, op: &'static str, tensor: &Tensor) {
-        let bytes = tensor.numel() * tensor.kind().elt_size_in_bytes();
-        // DDP's end-of-backward check all-reduces int32 flags (2 per
-        // parameter and 1 per rank), not gradients: noted apart.
-        let op = if tensor.kind() == Kind::Int { "flags" } else { op };
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((op, bytes));
-    }
-
-    fn take(&self) -> Vec<Call> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-}
-
-impl Intercept for CountCalls {
-    fn all_reduce_async(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
-        self.note("all_reduce", tensor);
-        inner.all_reduce_async(tensor, op)
-    }
-    fn reduce_scatter(&self, inner: &Group, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, DistError> {
-        self.note("reduce_scatter", tensor);
-        inner.reduce_scatter(tensor, op)
-    }
-    fn all_gather(&self, inner: &Group, tensor: &Tensor) -> Result<Vec<Tensor>, DistError> {
-        self.note("all_gather", tensor);
-        inner.all_gather(tensor)
-    }
-}
-
-fn counted(pg: &Group) -> (Group, CountCalls) {
-    let calls = CountCalls::default();
-    (Arc::new(Forwarding { inner: pg.clone(), name: "counting", intercept: calls.clone() }), calls)
-}
-
-/// What a rank sends on a ring for `calls` (DDP's flags left out).
-pub fn ring_bytes(calls: &[Call], world_size: usize) -> f64 {
-    let n = world_size as f64;
-    calls
-        .iter()
-        .map(|&(op, bytes)| match op {
-            "all_reduce" => 2.0 * (n - 1.0) / n * bytes as f64,
-            "reduce_scatter" => (n - 1.0) / n * bytes as f64,
-            "all_gather" => (n - 1.0) * bytes as f64,
-            _ => 0.0,
-        })
-        .sum()
-}
 
 /// The calls of rank 0 in one step of your FSDP (after construction).
 fn fsdp_calls(case: Case, world: usize) -> Vec<Call> {

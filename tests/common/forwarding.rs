@@ -10,8 +10,9 @@
 //! for its receive; `bench_overlap --timeline` notes when each all-reduce
 //! completed (`examples/support/timed_group.rs`); the ring figure reads the
 //! chunks before every step (`examples/figures/ch01_ring.rs`); chapter 11's
-//! `step_bucket.rs` gives `reduce_scatter` NCCL's way of averaging, and its
-//! `training.rs` notes the bytes of every collective call; the PyTorch
+//! `step_bucket.rs` gives `reduce_scatter` NCCL's way of averaging;
+//! `counting.rs` notes the bytes of every collective call (chapters 11 and
+//! 14); the PyTorch
 //! oracle adds bf16 sums in gloo's order (`tests/torch_oracle/gloo_order.rs`).
 
 use ddp_workbook::dist::{CommStats, DistError, Group, ProcessGroup, ReduceOp, Work};

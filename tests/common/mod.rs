@@ -9,6 +9,7 @@
 
 #![allow(dead_code)] // every test binary uses its own part of the fixture
 
+pub mod counting;
 pub mod forwarding;
 
 use std::time::Duration;
