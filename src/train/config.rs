@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use super::checkpoint::{self, Checkpoint, CheckpointError, LoopPosition, Setting};
+use crate::ddp::{BucketCaps, MIB};
 
 // ANCHOR: config
 /// Everything that defines a training run. `TrainConfig::default()` is the
@@ -187,6 +188,13 @@ impl TrainConfig {
     /// Sequences per optimizer step over all ranks.
     pub fn global_batch(&self) -> usize {
         self.batch_size * self.accum_steps * self.world_size
+    }
+
+    /// The gradient buckets' caps: `bucket_cap_mb`, and the first bucket at
+    /// most PyTorch's 1 MiB.
+    pub fn bucket_caps(&self) -> BucketCaps {
+        let cap_bytes = ((self.bucket_cap_mb * MIB as f64) as usize).max(1);
+        BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) }
     }
 
     /// Checks every setting, and on `resume` the checkpoint file (it exists,

@@ -18,7 +18,7 @@ use crate::data::{masked_accuracy, masked_cross_entropy, TokenTask};
 use crate::ddp::Named;
 use crate::ddp::{
     rows, train_step_with, BucketCaps, BucketingError, DistributedSampler, InitSync, SamplerOptions,
-    SimpleDistributedDataParallelism, MIB,
+    SimpleDistributedDataParallelism,
 };
 use crate::dist::Group;
 use crate::models::{named_buffers, named_parameters, Gpt, GptConfig};
@@ -248,9 +248,7 @@ pub fn wrap_model(
     pg: Group,
     config: &TrainConfig,
 ) -> Result<(SimpleDistributedDataParallelism<Gpt>, BucketCaps), BucketingError> {
-    let cap_bytes = ((config.bucket_cap_mb * MIB as f64) as usize).max(1);
-    let caps =
-        BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) };
+    let caps = config.bucket_caps();
     // The strict check (chapter 2), not PyTorch's broadcast: every rank built
     // or restored the same weights, and a rank that did not is a bug to
     // report, not to paper over.

@@ -19,7 +19,7 @@ use super::run::{
 use super::step_log::StepLog;
 use crate::check::snapshot;
 use crate::data::{masked_cross_entropy, TokenTask};
-use crate::ddp::{BucketCaps, DistributedSampler, SamplerOptions, ShardGradOp, MIB};
+use crate::ddp::{DistributedSampler, SamplerOptions, ShardGradOp};
 use crate::dist::Group;
 use crate::models::{named_buffers, named_parameters, Gpt};
 
@@ -42,11 +42,8 @@ pub(super) fn train_rank_grad_op(
         saved.restore_model(path, &named_buffers(&vs))?;
     }
     // The buckets of the plain run's wrapper: the same caps.
-    let cap_bytes = ((config.bucket_cap_mb * MIB as f64) as usize).max(1);
-    let caps =
-        BucketCaps { cap_bytes, first_cap_bytes: cap_bytes.min(BucketCaps::default().first_cap_bytes) };
     let mut model: ShardGradOp<Gpt> =
-        ShardGradOp::new(gpt, &vs, pg.clone(), caps, config.lr, config.weight_decay)?;
+        ShardGradOp::new(gpt, &vs, pg.clone(), config.bucket_caps(), config.lr, config.weight_decay)?;
     let mut progress = LoopPosition { step: 0, epoch: 0, position: 0 };
     if let Some((path, saved)) = &saved {
         let invalid = |detail: String| CheckpointError::Invalid { path: path.to_path_buf(), detail };
