@@ -34,15 +34,20 @@
 //! `--table FILE` (a file under chapters/tables/ for the book) it writes the
 //! tables there, with the machine, its load, the date and the command.
 //!
-//! Run: cargo run --release --features mpi --example bench_sizes -- --table FILE
+//! With `--data FILE` it writes every run's numbers, which the figure
+//! (`cargo run --example figures -- --only sizes`) draws.
+//!
+//! Run: cargo run --release --features mpi --example bench_sizes -- --table FILE --data FILE
 //!      cargo run --release --features mpi --example bench_sizes -- --rounds 1 --steps 3 --sizes tiny,2m
 //! (3 rounds at the steps of `steps_of`, 17 runs per size per round, each
-//! under a minute on a quiet 2-core machine: an estimated 2 hours in all,
-//! most of it at 10M and 25M parameters; the check takes about 12 minutes.)
+//! under a minute: 81 minutes on the 2-core machine of the committed table,
+//! at real-time priority (`chrt -r 1`), most of it at 10M and 25M
+//! parameters; the check takes about 12 minutes, `--profile` about 2.)
 
 use std::fmt::Write;
 use std::process::Command;
 
+use anyhow::Context;
 use clap::Parser;
 use ddp_workbook::models::{GptConfig, GptSize};
 use ddp_workbook::train::{self, ShardingStrategy, TrainConfig};
@@ -85,6 +90,17 @@ pub struct Args {
     /// machine, its load and this command; without it they are only printed.
     #[arg(long)]
     table: Option<String>,
+    /// Write every run's numbers to this data file (relative to the
+    /// repository) for the figure, rewritten after each size's round, so
+    /// that a run stopped early keeps what it measured.
+    #[arg(long)]
+    data: Option<String>,
+    /// Instead of the head-to-head: where one rank's step goes, ours (the
+    /// training run's phases) against PyTorch's (one process, fused AdamW,
+    /// `--phases`), at each size; the measured reason behind a missed
+    /// speed target. With --table it writes that table.
+    #[arg(long)]
+    profile: bool,
     /// Set by this program when it starts itself to run one of ours.
     #[arg(long, value_enum, hide = true)]
     worker: Option<Worker>,
@@ -168,10 +184,20 @@ fn worker(kind: Worker, args: &Args) -> anyhow::Result<()> {
     ddp_workbook::tch::set_num_threads(1);
     if kind == Worker::Threads {
         let config = config(plan, args.world_size, args.zero);
-        let logs = logged(&|_| {}, |on_event| train::train(&config, on_event).map(|_| ()))?;
+        let mut phases = None;
+        let logs = logged(&|_| {}, |on_event| {
+            phases = Some(train::train(&config, on_event)?.swap_remove(0).phases);
+            Ok(())
+        })?;
         let rate = timed_rate(&logs, &config)?;
         println!("tokens_per_second {}\nstep_ms {}", rate.tokens_per_second, rate.step_ms);
         println!("peak_rss_kib {}", peak_rss_kib()?);
+        // Rank 0's phases summed over every step, warm-up included (--profile takes differences).
+        let p = phases.expect("the run returned");
+        for (phase, time) in [("data", p.data), ("forward", p.forward), ("backward", p.backward + p.sync)] {
+            println!("phase_sum_ms {phase} {}", time.as_secs_f64() * 1e3);
+        }
+        println!("phase_sum_ms optimizer {}", p.optimizer.as_secs_f64() * 1e3);
         return Ok(());
     }
     mpi_worker(plan, args.zero)
@@ -227,41 +253,51 @@ const fn ours(worker: Worker, world_size: usize, zero: usize) -> Side {
     Side::Ours { worker, world_size, zero }
 }
 
-/// The contenders, in the order each round runs them.
-const CONTENDERS: [(&str, Side); 17] = [
-    ("PyTorch DDP, defaults (2 processes, gloo)", Side::Torch(&["--setting", "defaults"])),
-    ("PyTorch DDP, best settings (2 processes, gloo)", Side::Torch(&["--setting", "best"])),
-    ("PyTorch, 1 process, no DDP, default AdamW", Side::Torch(&["--world-size", "1", "--no-ddp"])),
+/// The contenders, in the order each round runs them: the run, its
+/// strategy (for the figure's data) and how it is started.
+const CONTENDERS: [(&str, &str, Side); 17] = [
+    ("PyTorch DDP, defaults (2 processes, gloo)", "DDP", Side::Torch(&["--setting", "defaults"])),
+    ("PyTorch DDP, best settings (2 processes, gloo)", "DDP", Side::Torch(&["--setting", "best"])),
+    (
+        "PyTorch, 1 process, no DDP, default AdamW",
+        "one process",
+        Side::Torch(&["--world-size", "1", "--no-ddp"]),
+    ),
     (
         "PyTorch, 1 process, no DDP, fused AdamW",
+        "one process",
         Side::Torch(&["--world-size", "1", "--no-ddp", "--setting", "best"]),
     ),
     (
         "PyTorch ZeroRedundancyOptimizer, defaults (2 processes)",
+        "ZeRO-1",
         Side::Torch(&["--zero", "--setting", "defaults"]),
     ),
     (
         "PyTorch ZeroRedundancyOptimizer, best settings (2 processes)",
+        "ZeRO-1",
         Side::Torch(&["--zero", "--setting", "best"]),
     ),
-    ("ours DDP, MPI (2 processes)", ours(Worker::Mpi, 2, 0)),
-    ("ours DDP, in-process (2 threads)", ours(Worker::Threads, 2, 0)),
-    ("ours, 1 rank", ours(Worker::Threads, 1, 0)),
-    ("ours ZeRO-1, MPI (2 processes)", ours(Worker::Mpi, 2, 1)),
-    ("ours ZeRO-1, in-process (2 threads)", ours(Worker::Threads, 2, 1)),
+    ("ours DDP, MPI (2 processes)", "DDP", ours(Worker::Mpi, 2, 0)),
+    ("ours DDP, in-process (2 threads)", "DDP", ours(Worker::Threads, 2, 0)),
+    ("ours, 1 rank", "one process", ours(Worker::Threads, 1, 0)),
+    ("ours ZeRO-1, MPI (2 processes)", "ZeRO-1", ours(Worker::Mpi, 2, 1)),
+    ("ours ZeRO-1, in-process (2 threads)", "ZeRO-1", ours(Worker::Threads, 2, 1)),
     // FSDP2 at its fastest only (fused AdamW): the targets compare with it.
     (
         "PyTorch fully_shard, SHARD_GRAD_OP, fused AdamW (2 processes)",
+        "ZeRO-2",
         Side::Torch(&["--fsdp", "grad-op", "--setting", "best"]),
     ),
     (
         "PyTorch fully_shard, FULL_SHARD, fused AdamW (2 processes)",
+        "FSDP",
         Side::Torch(&["--fsdp", "full", "--setting", "best"]),
     ),
-    ("ours ZeRO-2 (--shard grad-op), MPI (2 processes)", ours(Worker::Mpi, 2, 2)),
-    ("ours ZeRO-2 (--shard grad-op), in-process (2 threads)", ours(Worker::Threads, 2, 2)),
-    ("ours FSDP (--shard full), MPI (2 processes)", ours(Worker::Mpi, 2, 3)),
-    ("ours FSDP (--shard full), in-process (2 threads)", ours(Worker::Threads, 2, 3)),
+    ("ours ZeRO-2 (--shard grad-op), MPI (2 processes)", "ZeRO-2", ours(Worker::Mpi, 2, 2)),
+    ("ours ZeRO-2 (--shard grad-op), in-process (2 threads)", "ZeRO-2", ours(Worker::Threads, 2, 2)),
+    ("ours FSDP (--shard full), MPI (2 processes)", "FSDP", ours(Worker::Mpi, 2, 3)),
+    ("ours FSDP (--shard full), in-process (2 threads)", "FSDP", ours(Worker::Threads, 2, 3)),
 ];
 /// Ratios of tokens/s (numerator, denominator), by index in CONTENDERS.
 const RATIOS: [(usize, usize); 10] =
@@ -343,6 +379,46 @@ fn torch_wire_bytes(plan: Plan, extra: &[&str]) -> anyhow::Result<f64> {
     Ok(lines_of(&stdout, "wire_bytes_per_step")?[0][0])
 }
 
+/// The data file's text: what the run was, then one row per size, run and
+/// round (support for `cargo run --example figures -- --only sizes`). The
+/// runs the targets compare are marked `compared`.
+fn data_text(
+    run: &table_file::Run,
+    command: &str,
+    plans: &[Plan],
+    measured: &[Vec<Vec<Measured>>],
+) -> String {
+    let compared: Vec<usize> =
+        STRATEGIES.iter().flat_map(|&(_, ours, theirs, _, _)| [ours, theirs]).collect();
+    let mut out = format!(
+        "# command\t{command}\n# machine\t{}\n# load\t{}\n\
+         size\tparameters\trun\tsystem\tstrategy\tcompared\tround\ttokens_per_second\tstep_ms\tpeak_mib\t\
+         wire_bytes_per_step\n",
+        table_file::machine_line(),
+        run.loads()
+    );
+    for (plan, measured) in plans.iter().zip(measured) {
+        let params = GptConfig::of_size(plan.size).parameter_count();
+        for (i, ((name, strategy, side), rounds)) in CONTENDERS.iter().zip(measured).enumerate() {
+            let system = if matches!(side, Side::Torch(_)) { "PyTorch" } else { "ours" };
+            for (round, m) in rounds.iter().enumerate() {
+                let wire = m.wire_bytes.map_or("-".to_string(), |b| format!("{b:.0}"));
+                let _ = writeln!(
+                    out,
+                    "{}\t{params}\t{name}\t{system}\t{strategy}\t{}\t{}\t{:.1}\t{:.3}\t{:.1}\t{wire}",
+                    plan.size,
+                    compared.contains(&i),
+                    round + 1,
+                    m.rate.tokens_per_second,
+                    m.rate.step_ms,
+                    mib(m.peak_kib)
+                );
+            }
+        }
+    }
+    out
+}
+
 fn mib(kib: f64) -> f64 {
     kib / 1024.0
 }
@@ -353,7 +429,7 @@ fn mib(kib: f64) -> f64 {
 fn size_tables(plan: Plan, measured: &[Vec<Measured>], torch_wire: &[(usize, f64)]) -> (String, Vec<String>) {
     let rates: Vec<Vec<Rate>> = measured.iter().map(|runs| runs.iter().map(|m| m.rate).collect()).collect();
     let columns: Vec<Column> =
-        CONTENDERS.iter().zip(&rates).map(|((name, _), rates)| Column { name, rates }).collect();
+        CONTENDERS.iter().zip(&rates).map(|((name, _, _), rates)| Column { name, rates }).collect();
     let mut out = tables::training_tables(&columns, &RATIOS, &COSTS);
     let peak = |i: usize| summary(&measured[i].iter().map(|m| mib(m.peak_kib)).collect::<Vec<_>>());
     let wire = |i: usize| {
@@ -365,7 +441,7 @@ fn size_tables(plan: Plan, measured: &[Vec<Measured>], torch_wire: &[(usize, f64
             PyTorch's counted in a short run of their own):\n\n";
     out += "| run | peak memory per rank, median | min | max | bytes on the wire per step |\n";
     out += "| --- | ---: | ---: | ---: | ---: |\n";
-    for (i, (name, _)) in CONTENDERS.iter().enumerate() {
+    for (i, (name, _, _)) in CONTENDERS.iter().enumerate() {
         let (median, min, max) = peak(i);
         let bytes = wire(i).map_or("-".to_string(), |b| format!("{} B", thousands(b)));
         let _ = writeln!(out, "| {name} | {median:.0} MiB | {min:.0} MiB | {max:.0} MiB | {bytes} |");
@@ -446,6 +522,55 @@ fn size_tables(plan: Plan, measured: &[Vec<Measured>], torch_wire: &[(usize, f64
     (heading + &out, lines)
 }
 
+const PHASES: [&str; 4] = ["data", "forward", "backward", "optimizer"];
+
+/// Milliseconds per step in each of PHASES: ours from two runs that differ
+/// only in their timed steps (the difference of the phases' sums, so that
+/// the warm-up drops out), PyTorch's from its `--phases` lines.
+fn phases_of(plan: Plan) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let sums = |steps: usize| -> anyhow::Result<Vec<f64>> {
+        let (_, stdout) = rate_of(ours_command(Plan { steps, ..plan }, Worker::Threads, 1, 0)?)?;
+        let lines = lines_of(&stdout, "phase_sum_ms")?;
+        anyhow::ensure!(lines.len() == PHASES.len(), "expected {} phase_sum_ms lines", PHASES.len());
+        Ok(lines.iter().map(|values| values[0]).collect())
+    };
+    let (short, long) = (sums(1)?, sums(1 + plan.steps)?);
+    let ours = short.iter().zip(&long).map(|(a, b)| (b - a) / plan.steps as f64).collect();
+    let extra = ["--world-size", "1", "--no-ddp", "--setting", "best", "--phases"];
+    let (_, stdout) = rate_of(torch_command(plan, &extra)?)?;
+    let theirs = lines_of(&stdout, "phase_ms")?.iter().map(|values| values[0]).collect();
+    Ok((ours, theirs))
+}
+
+/// `--profile`: one rank's step, phase by phase, ours against PyTorch's.
+fn profile(args: &Args, run: &table_file::Run, command: &str) -> anyhow::Result<()> {
+    let mut body = "| size | phase | ours, ms per step | PyTorch's, ms per step | ours / PyTorch's |\n\
+                    | --- | --- | ---: | ---: | ---: |\n"
+        .to_string();
+    for &size in &args.sizes {
+        let plan = Plan::of(size, args);
+        let (ours, theirs) = phases_of(plan)?;
+        let (ours_total, theirs_total): (f64, f64) = (ours.iter().sum(), theirs.iter().sum());
+        for ((phase, a), b) in
+            PHASES.iter().zip(&ours).zip(&theirs).chain([((&"step", &ours_total), &theirs_total)])
+        {
+            let _ = writeln!(body, "| {size} | {phase} | {a:.2} | {b:.2} | {:.2} |", a / b);
+        }
+        println!("{size}: ours {ours:.2?} ms, PyTorch's {theirs:.2?} ms ({PHASES:?})");
+    }
+    let setup = "one rank, one libtorch thread, 16 sequences per micro-batch, 2 micro-batches per step; \
+                 ours: the training run's phases (forward includes the loss, backward the one-rank sync); \
+                 PyTorch's: scripts/bench_torch_ddp.py --no-ddp --setting best --phases (fused AdamW; \
+                 forward includes the loss and reading it)"
+        .to_string();
+    let body = format!("{body}\n{}", run.caption(&[setup], command));
+    println!("\n{body}");
+    if let Some(table) = &args.table {
+        println!("wrote {}", table_file::write_table(table, command, &body)?.display());
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(kind) = args.worker {
@@ -457,18 +582,26 @@ fn main() -> anyhow::Result<()> {
         "--rounds, --steps and --warmup-steps must be at least 1, and --sizes name at least one size"
     );
     let run = table_file::Run::start();
+    let command = table_file::command_line(COMMAND);
+    if args.profile {
+        return profile(&args, &run, &command);
+    }
     let plans: Vec<Plan> = args.sizes.iter().map(|&size| Plan::of(size, &args)).collect();
     // measured[size][contender][round]
     let mut measured = vec![vec![vec![]; CONTENDERS.len()]; plans.len()];
     for round in 1..=args.rounds {
-        for (plan, measured) in plans.iter().zip(&mut measured) {
+        for (s, plan) in plans.iter().enumerate() {
             let mut line = vec![];
-            for (i, (name, side)) in CONTENDERS.iter().enumerate() {
+            for (i, (name, _, side)) in CONTENDERS.iter().enumerate() {
                 let m = run_contender(*side, *plan)?;
                 line.push(format!("{name} {:.0}", m.rate.tokens_per_second));
-                measured[i].push(m);
+                measured[s][i].push(m);
             }
             println!("round {round}, {}: {} tokens/s (load {})", plan.size, line.join(", "), load_average());
+            if let Some(path) = &args.data {
+                let text = data_text(&run, &command, &plans, &measured);
+                std::fs::write(root().join(path), text).with_context(|| format!("cannot write {path}"))?;
+            }
         }
     }
     let mut body = String::new();
@@ -476,7 +609,7 @@ fn main() -> anyhow::Result<()> {
     for (plan, measured) in plans.iter().zip(&measured) {
         let mut torch_wire = vec![];
         for i in COUNTED {
-            let Side::Torch(extra) = CONTENDERS[i].1 else { unreachable!("COUNTED names PyTorch's runs") };
+            let Side::Torch(extra) = CONTENDERS[i].2 else { unreachable!("COUNTED names PyTorch's runs") };
             torch_wire.push((i, torch_wire_bytes(*plan, extra)?));
         }
         let (tables, lines) = size_tables(*plan, measured, &torch_wire);
@@ -489,7 +622,6 @@ fn main() -> anyhow::Result<()> {
          rank, {} alternating rounds; each run a process of its own",
         args.rounds
     );
-    let command = table_file::command_line(COMMAND);
     let body = format!("{body}{}", run.caption(&[setup], &command));
     println!("\n{body}\nTargets (printed, not asserted):");
     for line in &targets {

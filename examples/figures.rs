@@ -69,6 +69,7 @@ figure_modules! {
     ch08_training => "figures/ch08_training.rs",
     ch09_ch10_diagrams => "figures/ch09_ch10_diagrams.rs",
     ch14_bytes_alive => "figures/ch14_bytes_alive.rs",
+    ch99_sizes => "figures/ch99_sizes.rs",
 }
 
 /// What rewrites the figures, for the messages of `--check`.

@@ -16,7 +16,11 @@
 //! written into a ledger in the order the step creates them, so that the
 //! figure can draw them beside FSDP's.
 //!
+//! With `--size 25m` (any of `GptSize`), the same for that model, as the
+//! library's own account next to the resident memory `bench_sizes` measures.
+//!
 //! Run: cargo run --example memory_per_rank
+//!      cargo run --release --example memory_per_rank -- --size 25m --ranks 1,2 --table chapters/tables/sizes-memory.md
 //!      cargo run --example memory_per_rank -- --table chapters/tables/fsdp-memory.md --data chapters/figures/data/fsdp_memory.tsv
 //! (`--table` writes the book's table, support/table_file.rs; `--data`
 //! writes the bytes alive after each event of one step on 2 ranks, which
@@ -28,7 +32,7 @@ use ddp_workbook::ddp::{
     Replicated, ShardGradOp, ShardedAdamW, SimpleDistributedDataParallelism,
 };
 use ddp_workbook::dist::{spawn, Group};
-use ddp_workbook::models::{named_parameters, Gpt, GptConfig};
+use ddp_workbook::models::{named_parameters, Gpt, GptConfig, GptSize};
 use ddp_workbook::tch::{Kind, Tensor};
 use ddp_workbook::train::AdamW;
 
@@ -44,15 +48,34 @@ struct Args {
     /// Write the bytes alive over one step on 2 ranks to this file.
     #[arg(long)]
     data: Option<String>,
+    /// One of the benchmarks' GPT sizes instead of the 8-block tiny GPT
+    /// (ZeRO-2 then with the training run's 25 MiB buckets): the library's
+    /// own account of what `bench_sizes` measures as resident memory.
+    #[arg(long)]
+    size: Option<GptSize>,
+    /// The world sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 3, 4])]
+    ranks: Vec<usize>,
 }
+
+/// The model every strategy builds: `--size`'s, or the 8-block tiny GPT.
+static CONFIG: std::sync::OnceLock<(GptConfig, BucketCaps)> = std::sync::OnceLock::new();
 
 const LR: f64 = 1e-3;
 const BATCH: i64 = 4;
 
 /// The tiny GPT of the training run, with 8 blocks, so that one block is
-/// a small part of the model (as in any model worth sharding).
+/// a small part of the model (as in any model worth sharding); or `--size`'s.
 fn config() -> GptConfig {
-    GptConfig { n_layer: 8, ..GptConfig::tiny() }
+    CONFIG.get().map_or_else(|| GptConfig { n_layer: 8, ..GptConfig::tiny() }, |(config, _)| config.clone())
+}
+
+/// ZeRO-2's buckets: smaller than a block of the tiny GPT, as chapter 13's
+/// table has them (with the default 25 MiB cap that whole model is one
+/// bucket, whose flat copy and full gradients are alive together, so
+/// sharding would save nothing); the training run's for `--size`.
+fn zero2_caps() -> BucketCaps {
+    CONFIG.get().map_or(BucketCaps { cap_bytes: 64 * 1024, first_cap_bytes: 64 * 1024 }, |(_, caps)| *caps)
 }
 
 fn batch(rank: usize) -> (Tensor, Tensor) {
@@ -126,11 +149,7 @@ fn zero2(pg: Group) -> anyhow::Result<Measured> {
     let (vs, gpt) = Gpt::seeded(0, &config(), Kind::Float);
     let named = named_parameters(&vs);
     let rank = pg.rank();
-    // Buckets smaller than a block, as chapter 13's table: with the default
-    // 25 MiB cap this whole model is one bucket, whose flat copy and full
-    // gradients are alive together, so sharding would save nothing.
-    let caps = BucketCaps { cap_bytes: 64 * 1024, first_cap_bytes: 64 * 1024 };
-    let mut zero2 = ShardGradOp::new(gpt, &vs, pg, caps, LR, 0.0)?;
+    let mut zero2 = ShardGradOp::new(gpt, &vs, pg, zero2_caps(), LR, 0.0)?;
     let ledger = zero2.ledger();
     ledger.reset_peak();
     let (x, y) = batch(rank);
@@ -164,6 +183,18 @@ const STRATEGIES: [Strategy; 4] = [("DDP", ddp), ("ZeRO-1", zero1), ("ZeRO-2", z
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(
+        !args.ranks.is_empty() && args.ranks.iter().all(|&n| n >= 1),
+        "--ranks needs world sizes of at least 1"
+    );
+    anyhow::ensure!(
+        args.data.is_none() || (args.size.is_none() && args.ranks.contains(&2)),
+        "--data draws the 8-block tiny GPT on 2 ranks: drop --size, keep 2 in --ranks"
+    );
+    if let Some(size) = args.size {
+        let caps = ddp_workbook::train::TrainConfig::default().bucket_caps();
+        CONFIG.set((GptConfig::of_size(size), caps)).expect("set once, here");
+    }
     let run = table_file::Run::start();
     let mut rows = String::from(
         "| strategy | ranks | parameters | gradients | optimizer state | peak per rank | bytes per parameter |\n\
@@ -172,7 +203,7 @@ fn main() -> anyhow::Result<()> {
     let mut data = String::new();
     let mut params = 0;
     for (name, strategy) in STRATEGIES {
-        for world in 1..=4 {
+        for &world in &args.ranks {
             let measured =
                 spawn(world, strategy).map_err(|e| anyhow::anyhow!("{name} on {world} ranks: {e}"))?;
             let rank0 = &measured[0];
@@ -210,7 +241,11 @@ fn main() -> anyhow::Result<()> {
     let settings = [
         "rank 0's bytes at the peak of one AdamW step (forward, backward, step), from the ledgers"
             .to_string(),
-        "ZeRO-2: `ShardGradOp` with buckets of 64 KiB; FSDP: `fully_shard` on each block and the root, `reshard_after_forward=True`".to_string(),
+        format!(
+            "ZeRO-2: `ShardGradOp` with buckets of {} KiB; FSDP: `fully_shard` on each block and the root, \
+             `reshard_after_forward=True`",
+            zero2_caps().cap_bytes / 1024
+        ),
     ];
     if let Some(path) = &args.table {
         let command = table_file::command_line("cargo run --example memory_per_rank");

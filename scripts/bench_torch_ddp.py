@@ -248,7 +248,19 @@ def run(rank, world_size, port, args):
         position += args.batch_size
         return rows[:, : 2 * HALF_LEN], rows[:, 1:]
 
+    # --phases: milliseconds in each part of the timed steps, the clock read
+    # between the parts (on a CPU every call has finished when it returns).
+    phases = {"data": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    clock = [time.perf_counter()]
+
+    def lap(phase):
+        now = time.perf_counter()
+        phases[phase] += now - clock[0]
+        clock[0] = now
+
     def step():
+        if args.phases:
+            return timed_step()
         optimizer.zero_grad()
         loss_sum = 0.0
         for i in range(args.accum_steps):
@@ -272,6 +284,23 @@ def run(rank, world_size, port, args):
         optimizer.step()
         return loss_sum
 
+    def timed_step():  # one process: the plain step, its parts timed
+        clock[0] = time.perf_counter()
+        optimizer.zero_grad()
+        lap("optimizer")
+        loss_sum = 0.0
+        for _ in range(args.accum_steps):
+            inputs, targets = next_micro_batch()
+            lap("data")
+            loss = masked_cross_entropy(model(inputs), targets, mask) / args.accum_steps
+            loss_sum += loss.item()
+            lap("forward")
+            loss.backward()
+            lap("backward")
+        optimizer.step()
+        lap("optimizer")
+        return loss_sum
+
     first_started = time.perf_counter()
     for i in range(args.warmup_steps):
         step()
@@ -280,6 +309,8 @@ def run(rank, world_size, port, args):
     if args.device == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
+    for phase in phases:  # the timed steps only
+        phases[phase] = 0.0
     if wire:
         wire.bytes = 0  # the timed steps only
     for _ in range(args.steps):
@@ -300,6 +331,8 @@ def run(rank, world_size, port, args):
         print(f"peak_rss_kib {peak.item():.0f}", flush=True)
         if wire:
             print(f"wire_bytes_per_step {wire.bytes / args.steps:.0f}", flush=True)
+        for phase, seconds in phases.items() if args.phases else ():
+            print(f"phase_ms {phase} {seconds / args.steps * 1e3:.4f}", flush=True)
     if not args.no_ddp:
         dist.destroy_process_group()
         # Without this, a rank at the 2m size sometimes hung in the
@@ -335,6 +368,8 @@ def main():
                         help="FSDP2's fully_shard per block and at the root: FULL_SHARD or SHARD_GRAD_OP")
     parser.add_argument("--count-bytes", action="store_true",
                         help="print wire_bytes_per_step (a counting comm hook: time without it)")
+    parser.add_argument("--phases", action="store_true",
+                        help="with --no-ddp: print phase_ms data|forward|backward|optimizer per timed step")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: NCCL, one process per GPU (--world-size at most the GPU count)")
     args = parser.parse_args()
@@ -342,6 +377,8 @@ def main():
         parser.error("--steps must be at least 1 and --warmup-steps at least 0")
     if args.no_ddp and (args.zero or args.count_bytes or args.fsdp):
         parser.error("--zero, --fsdp and --count-bytes need a process group: drop --no-ddp")
+    if args.phases and not args.no_ddp:
+        parser.error("--phases times one process's step: add --no-ddp --world-size 1")
     if args.zero and args.fsdp:
         parser.error("--zero (ZeRO-1 in DDP) and --fsdp are different strategies: give one")
     if args.no_ddp:

@@ -34,17 +34,23 @@ impl Run {
     /// the loads noted and the load now ("after"), the command and how long
     /// the run took so far.
     pub fn caption(&self, settings: &[String], command: &str) -> String {
-        let mut loads: Vec<String> =
-            self.loads.iter().map(|(when, load)| format!("{when}: {load}")).collect();
-        loads.push(format!("after: {}", load_averages()));
         let took = Duration::from_secs(self.started.elapsed().as_secs());
         let mut out: String = settings.iter().map(|s| format!("- {s}\n")).collect();
         out += &format!(
             "- machine: {}\n- load average (1, 5, 15 min) {}\n- `{command}` took {took:?}\n",
             machine_line(),
-            loads.join("; ")
+            self.loads()
         );
         out
+    }
+
+    /// The loads noted, then the load now ("after"): "before: 1.02 0.88
+    /// 0.91; after: ...".
+    pub fn loads(&self) -> String {
+        let mut loads: Vec<String> =
+            self.loads.iter().map(|(when, load)| format!("{when}: {load}")).collect();
+        loads.push(format!("after: {}", load_averages()));
+        loads.join("; ")
     }
 }
 
