@@ -30,6 +30,11 @@ ranks sends 2(N-1)/N x S per rank, a broadcast (N-1)/N x S on average), as
 examples/support/wire_bytes.rs counts the workbook's; it wraps DDP in a
 counting comm hook, so time without it.
 
+--phases (with --no-ddp --world-size 1) adds `phase_ms NAME MS` per timed
+step for data, forward (with the loss and reading it), backward and
+optimizer (zero_grad and step): the PyTorch side of
+`bench_sizes -- --profile`.
+
 --fsdp full|grad-op: PyTorch's FSDP2, `fully_shard` on each transformer
 block and then on the root (a device mesh of the world's ranks on the CPU,
 gloo, float32), reshard_after_forward=True (full: FULL_SHARD, ZeRO-3) or
