@@ -27,7 +27,8 @@
 //! compute; the bound is the step if all of it did.
 //!
 //! Run: cargo run --release --example predict_scaling -- --table chapters/tables/scaling-on-paper.md
-//! (about 3 minutes on 2 cores, most of it the 25M model's steps.)
+//! (65 s on the 2-core machine of the committed table, most of it the
+//! 25M model's steps.)
 
 use std::fmt::Write;
 use std::time::Duration;
