@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use ddp_workbook::data::TokenTask;
-use ddp_workbook::ddp::{plan_buckets, Bucket, ParamMeta};
+use ddp_workbook::ddp::{plan_buckets, ParamMeta};
 use ddp_workbook::dist::{spawn_with, Group, SimulatedLink, SpawnOptions};
 use ddp_workbook::models::{named_parameters, GptConfig, GptSize};
 use ddp_workbook::train::{self, StepPhases, TrainConfig};
@@ -45,6 +45,8 @@ use ddp_workbook::train::{self, StepPhases, TrainConfig};
 #[allow(dead_code)]
 #[path = "support/bench_commands.rs"]
 mod commands;
+#[path = "support/scaling_model.rs"]
+mod scaling_model;
 #[path = "support/table_file.rs"]
 mod table_file;
 #[allow(dead_code)]
@@ -53,6 +55,7 @@ mod tables;
 #[allow(dead_code)] // its rate_of is the head-to-heads'
 #[path = "support/train_rates.rs"]
 mod train_rates;
+use scaling_model::{predict, Compute, Ring, Shape, Strategy, STRATEGIES};
 use table_file::thousands;
 use train_rates::{logged, timed_rate};
 
@@ -108,32 +111,6 @@ fn config(size: GptSize, world_size: usize) -> TrainConfig {
     }
 }
 
-/// One rank's compute per step, in seconds.
-#[derive(Clone, Copy, Debug)]
-struct Compute {
-    forward: f64,
-    backward: f64,
-    optimizer: f64,
-    /// Data and what the phases do not cover (logging, the loss's mean).
-    rest: f64,
-}
-
-impl Compute {
-    fn total(&self) -> f64 {
-        self.forward + self.backward + self.optimizer + self.rest
-    }
-
-    /// The same step on a device `factor` times faster.
-    fn faster(&self, factor: f64) -> Compute {
-        Compute {
-            forward: self.forward / factor,
-            backward: self.backward / factor,
-            optimizer: self.optimizer / factor,
-            rest: self.rest / factor,
-        }
-    }
-}
-
 /// The step of `config`'s run on `pg` (ms, after the warm-up, from rank
 /// 0's logs: `None` on the other ranks) and this rank's phases.
 fn timed_run(pg: Group, config: &TrainConfig) -> anyhow::Result<(Option<f64>, StepPhases)> {
@@ -175,250 +152,35 @@ fn measure_ddp_on_link(size: GptSize, link: SimulatedLink) -> anyhow::Result<f64
     Ok(steps[0].0.expect("rank 0 times its steps"))
 }
 
-/// The model's shape, as the schedules see it.
-struct Shape {
-    /// Each parameter's bytes and its stage in backward: 0 the head
-    /// (`lm_head`, `ln_f`), 1 + (L-1-k) block k, L+1 the embeddings.
-    params: Vec<(f64, usize)>,
-    /// Each stage's share of forward and backward (by matrix parameters).
-    stage_share: Vec<f64>,
-    /// DDP's buckets (the training run's caps).
-    buckets: Vec<Bucket>,
-    layers: usize,
-}
-
-impl Shape {
-    fn of(size: GptSize) -> Shape {
-        let config = config(size, 1);
-        let task = TokenTask::standard(config.seed as i64, config.train_sequences as i64);
-        let (vs, _) = train::build_model(&config, &task);
-        let named = named_parameters(&vs);
-        let layers = GptConfig::of_size(size).n_layer as usize;
-        let stage = |name: &str| {
-            let block = name.strip_prefix("blocks.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
-            match block {
-                Some(k) => 1 + (layers - 1 - k),
-                None if name.contains("emb") => layers + 1,
-                None => 0,
-            }
-        };
-        let params: Vec<(f64, usize)> =
-            named.iter().map(|(name, t)| ((t.numel() * 4) as f64, stage(name))).collect();
-        let mut weight = vec![0.0; layers + 2];
-        for ((name, t), &(_, s)) in named.iter().zip(&params) {
-            if t.dim() == 2 && !name.contains("emb") {
-                weight[s] += t.numel() as f64;
-            }
+/// `size`'s shape: its parameters in the training run's order, each
+/// block's stage in backward, and the training run's buckets.
+fn shape_of(size: GptSize) -> Shape {
+    let config = config(size, 1);
+    let task = TokenTask::standard(config.seed as i64, config.train_sequences as i64);
+    let (vs, _) = train::build_model(&config, &task);
+    let named = named_parameters(&vs);
+    let layers = GptConfig::of_size(size).n_layer as usize;
+    let stage = |name: &str| {
+        let block = name.strip_prefix("blocks.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+        match block {
+            Some(k) => 1 + (layers - 1 - k),
+            None if name.contains("emb") => layers + 1,
+            None => 0,
         }
-        let total: f64 = weight.iter().sum();
-        let caps = config.bucket_caps();
-        let buckets = plan_buckets(&ParamMeta::of(&named), caps.cap_bytes, caps.first_cap_bytes);
-        Shape { params, stage_share: weight.iter().map(|w| w / total).collect(), buckets, layers }
-    }
-
-    fn bytes(&self) -> f64 {
-        self.params.iter().map(|(b, _)| b).sum()
-    }
-
-    /// The bytes of each FSDP unit: the root (head and embeddings), then block 0 .. L-1.
-    fn unit_bytes(&self) -> Vec<f64> {
-        let mut units = vec![0.0; self.layers + 1];
-        for &(bytes, stage) in &self.params {
-            let unit = if stage == 0 || stage == self.layers + 1 { 0 } else { 1 + (self.layers - stage) };
-            units[unit] += bytes;
-        }
-        units
-    }
-}
-
-/// The α–β ring on `n` ranks: seconds for each collective of `bytes` (the
-/// full tensor: the input of an all-reduce or a reduce-scatter, the output
-/// of an all-gather).
-#[derive(Clone, Copy)]
-struct Ring {
-    n: f64,
-    alpha: f64,
-    bytes_per_second: f64,
-}
-
-impl Ring {
-    fn all_reduce(&self, bytes: f64) -> f64 {
-        2.0 * self.half(bytes)
-    }
-    fn reduce_scatter(&self, bytes: f64) -> f64 {
-        self.half(bytes)
-    }
-    fn all_gather(&self, bytes: f64) -> f64 {
-        self.half(bytes)
-    }
-    /// (N-1) messages of a chunk each.
-    fn half(&self, bytes: f64) -> f64 {
-        (self.n - 1.0) * (self.alpha + bytes / self.n / self.bytes_per_second)
-    }
-}
-
-/// One rank's queue of collectives: each starts when it is started and the
-/// previous one is done.
-#[derive(Default)]
-struct Queue {
-    free_at: f64,
-    busy: f64,
-}
-
-impl Queue {
-    /// Starts a collective of `seconds` at `t`; returns when it ends.
-    fn start(&mut self, t: f64, seconds: f64) -> f64 {
-        self.free_at = self.free_at.max(t) + seconds;
-        self.busy += seconds;
-        self.free_at
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Strategy {
-    Ddp,
-    Zero1,
-    Zero2,
-    Fsdp,
-}
-const STRATEGIES: [Strategy; 4] = [Strategy::Ddp, Strategy::Zero1, Strategy::Zero2, Strategy::Fsdp];
-
-impl Strategy {
-    fn name(self) -> &'static str {
-        match self {
-            Strategy::Ddp => "DDP",
-            Strategy::Zero1 => "ZeRO-1",
-            Strategy::Zero2 => "ZeRO-2",
-            Strategy::Fsdp => "FSDP",
-        }
-    }
-}
-
-/// One prediction: the step, the communication's total time, and the bound.
-struct Predicted {
-    step: f64,
-    communication: f64,
-    /// The step if every collective ran under compute.
-    bound: f64,
-}
-
-impl Predicted {
-    fn hidden_share(&self) -> f64 {
-        if self.communication <= 0.0 {
-            return 1.0;
-        }
-        let exposed = (self.step - self.bound).max(0.0);
-        (1.0 - exposed / self.communication).clamp(0.0, 1.0)
-    }
-}
-
-/// The step of `strategy` on `ring`, from one rank's `compute`, with `accum`
-/// micro-batches per step (the training run's 2).
-fn predict(strategy: Strategy, shape: &Shape, compute: Compute, ring: Ring, accum: usize) -> Predicted {
-    let k = accum as f64;
-    let (forward, backward) = (compute.forward / k, compute.backward / k); // per micro-batch
-    let optimizer = match strategy {
-        Strategy::Ddp => compute.optimizer,
-        _ => compute.optimizer / ring.n, // each rank steps its shard
     };
-    let stages = shape.layers + 2;
-    let mut queue = Queue::default();
-    // The micro-batches before the last: no communication but FSDP's gathers.
-    let mut t = compute.rest;
-    let step = if strategy == Strategy::Fsdp {
-        let units = shape.unit_bytes();
-        for micro_batch in 0..accum {
-            t = fsdp_micro_batch(
-                &mut queue,
-                t,
-                (forward, backward),
-                shape,
-                &units,
-                ring,
-                micro_batch + 1 == accum,
-            );
-        }
-        t + optimizer
-    } else {
-        t += (k - 1.0) * (forward + backward) + forward;
-        // Backward of the last micro-batch: stage s ends at ends[s].
-        let mut ends = vec![0.0; stages];
-        let mut clock = t;
-        for (s, end) in ends.iter_mut().enumerate() {
-            clock += backward * shape.stage_share[s];
-            *end = clock;
-        }
-        // Buckets are started in order, each once all its gradients are ready.
-        let mut started = t;
-        let mut done = t;
-        for bucket in &shape.buckets {
-            let ready = bucket.params.iter().map(|&i| ends[shape.params[i].1]).fold(t, f64::max);
-            started = started.max(ready);
-            let bytes = bucket.bytes() as f64;
-            let seconds =
-                if strategy == Strategy::Zero2 { ring.reduce_scatter(bytes) } else { ring.all_reduce(bytes) };
-            done = queue.start(started, seconds);
-        }
-        let mut t = clock.max(done) + optimizer;
-        if strategy != Strategy::Ddp {
-            // The updated shards, gathered bucket by bucket after the step.
-            for bucket in &shape.buckets {
-                t = queue.start(t, ring.all_gather(bucket.bytes() as f64));
-            }
-        }
-        t
-    };
-    let bound = compute.rest + k * (forward + backward) + optimizer;
-    Predicted { step, communication: queue.busy, bound }
-}
-
-/// One micro-batch of FSDP from `t`: forward (the root gathered, then each
-/// block, the next one prefetched), backward (each block gathered again,
-/// the next prefetched; in the last micro-batch each unit reduce-scattered
-/// after its backward, the previous one waited for there). Returns its end.
-fn fsdp_micro_batch(
-    queue: &mut Queue,
-    mut t: f64,
-    (forward, backward): (f64, f64),
-    shape: &Shape,
-    units: &[f64],
-    ring: Ring,
-    last: bool,
-) -> f64 {
-    let layers = shape.layers;
-    let block_share = |k: usize| shape.stage_share[1 + (layers - 1 - k)];
-    let head = shape.stage_share[0];
-    // Forward. The root stays gathered until its backward is done.
-    t = queue.start(t, ring.all_gather(units[0]));
-    let mut gathered = queue.start(t, ring.all_gather(units[1]));
-    for k in 0..layers {
-        t = t.max(gathered);
-        if k + 1 < layers {
-            gathered = queue.start(t, ring.all_gather(units[k + 2]));
-        }
-        t += forward * block_share(k);
-    }
-    t += forward * head;
-    // Backward.
-    t += backward * head;
-    let mut gathered = queue.start(t, ring.all_gather(units[layers]));
-    let mut reduced = t;
-    for k in (0..layers).rev() {
-        t = t.max(gathered);
-        if k > 0 {
-            gathered = queue.start(t, ring.all_gather(units[k]));
-        }
-        t += backward * block_share(k);
-        if last {
-            t = t.max(reduced); // one reduce-scatter in flight at most
-            reduced = queue.start(t, ring.reduce_scatter(units[k + 1]));
+    let params: Vec<(f64, usize)> =
+        named.iter().map(|(name, t)| ((t.numel() * 4) as f64, stage(name))).collect();
+    let mut weight = vec![0.0; layers + 2];
+    for ((name, t), &(_, s)) in named.iter().zip(&params) {
+        if t.dim() == 2 && !name.contains("emb") {
+            weight[s] += t.numel() as f64;
         }
     }
-    if last {
-        t = t.max(reduced);
-        t = queue.start(t, ring.reduce_scatter(units[0]));
-    }
-    t
+    let total: f64 = weight.iter().sum();
+    let caps = config.bucket_caps();
+    let buckets = plan_buckets(&ParamMeta::of(&named), caps.cap_bytes, caps.first_cap_bytes);
+    let bucket_bytes = buckets.iter().map(|b| (b.bytes() as f64, b.params.clone())).collect();
+    Shape { params, stage_share: weight.iter().map(|w| w / total).collect(), buckets: bucket_bytes, layers }
 }
 
 fn ms(seconds: f64) -> String {
@@ -448,7 +210,7 @@ fn main() -> anyhow::Result<()> {
     for &size in &args.sizes {
         let compute = measure_compute(size)?;
         println!("{size}: compute per step on one rank {compute:.4?} s");
-        measured.push((size, Shape::of(size), compute));
+        measured.push((size, shape_of(size), compute));
     }
     let mut body = String::from(
         "Predicted step time per rank in ms, and in brackets the share of the communication hidden under \
