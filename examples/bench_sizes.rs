@@ -35,7 +35,7 @@
 //! tables there, with the machine, its load, the date and the command.
 //!
 //! With `--data FILE` it writes every run's numbers, which the figure
-//! (`cargo run --example figures -- --only sizes`) draws.
+//! (`cargo run --example figures -- --only ch99`) draws.
 //!
 //! Run: cargo run --release --features mpi --example bench_sizes -- --table FILE --data FILE
 //!      cargo run --release --features mpi --example bench_sizes -- --rounds 1 --steps 3 --sizes tiny,2m
@@ -380,7 +380,7 @@ fn torch_wire_bytes(plan: Plan, extra: &[&str]) -> anyhow::Result<f64> {
 }
 
 /// The data file's text: what the run was, then one row per size, run and
-/// round (support for `cargo run --example figures -- --only sizes`). The
+/// round (drawn by `cargo run --example figures -- --only ch99`). The
 /// runs the targets compare are marked `compared`.
 fn data_text(
     run: &table_file::Run,
