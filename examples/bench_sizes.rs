@@ -194,10 +194,10 @@ fn worker(kind: Worker, args: &Args) -> anyhow::Result<()> {
         println!("peak_rss_kib {}", peak_rss_kib()?);
         // Rank 0's phases summed over every step, warm-up included (--profile takes differences).
         let p = phases.expect("the run returned");
-        for (phase, time) in [("data", p.data), ("forward", p.forward), ("backward", p.backward + p.sync)] {
+        let times = [p.data, p.forward, p.backward + p.sync, p.optimizer];
+        for (phase, time) in PHASES.iter().zip(times) {
             println!("phase_sum_ms {phase} {}", time.as_secs_f64() * 1e3);
         }
-        println!("phase_sum_ms optimizer {}", p.optimizer.as_secs_f64() * 1e3);
         return Ok(());
     }
     mpi_worker(plan, args.zero)
