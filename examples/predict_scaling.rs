@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use ddp_workbook::data::TokenTask;
-use ddp_workbook::ddp::{plan_buckets, ParamMeta};
+use ddp_workbook::ddp::{plan_buckets, FullyShard, ParamMeta};
 use ddp_workbook::dist::{spawn_with, Group, SimulatedLink, SpawnOptions};
 use ddp_workbook::models::{named_parameters, GptConfig, GptSize};
 use ddp_workbook::train::{self, StepPhases, TrainConfig};
@@ -160,16 +160,20 @@ fn shape_of(size: GptSize) -> Shape {
     let (vs, _) = train::build_model(&config, &task);
     let named = named_parameters(&vs);
     let layers = GptConfig::of_size(size).n_layer as usize;
-    let stage = |name: &str| {
-        let block = name.strip_prefix("blocks.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
-        match block {
-            Some(k) => 1 + (layers - 1 - k),
-            None if name.contains("emb") => layers + 1,
-            None => 0,
+    // The library's units: root, then block k as unit k + 1. Backward runs
+    // the root's head first, the blocks last to first, the embeddings last.
+    let mut stage = vec![0; named.len()];
+    for (unit, (_, members)) in FullyShard::units_per_layer(&named, "blocks", layers).iter().enumerate() {
+        for &i in members {
+            stage[i] = match unit {
+                0 if named[i].0.contains("emb") => layers + 1,
+                0 => 0,
+                unit => layers + 1 - unit,
+            };
         }
-    };
+    }
     let params: Vec<(f64, usize)> =
-        named.iter().map(|(name, t)| ((t.numel() * 4) as f64, stage(name))).collect();
+        named.iter().zip(&stage).map(|((_, t), &s)| ((t.numel() * 4) as f64, s)).collect();
     let mut weight = vec![0.0; layers + 2];
     for ((name, t), &(_, s)) in named.iter().zip(&params) {
         if t.dim() == 2 && !name.contains("emb") {

@@ -549,3 +549,23 @@ fn a_parameter_only_some_ranks_use_is_an_error_naming_the_unit() {
         "the error must name the unit's reduce-scatter and what rank 1 left out: {error}"
     );
 }
+
+/// The units of `fully_shard` per block, worked out by hand on names that
+/// could fool a prefix match: `blocks.1` is not `blocks.10`, `blockset.0`
+/// and a bare `blocks` belong to the root.
+#[test]
+fn units_per_layer_cut_the_model_by_layer_index() {
+    let names =
+        ["wte", "blocks.0.w", "blocks.10.w", "blocks.1.w", "blockset.0.w", "blocks", "blocks.1.b", "lm_head"];
+    let params: Named =
+        names.iter().map(|n| (n.to_string(), Tensor::zeros([1], (Kind::Float, Device::Cpu)))).collect();
+    let units = FullyShard::units_per_layer(&params, "blocks", 11);
+    let mut expected: Vec<(String, Vec<usize>)> = (0..12)
+        .map(|u| (if u == 0 { "root".to_string() } else { format!("blocks.{}", u - 1) }, vec![]))
+        .collect();
+    expected[0].1 = vec![0, 4, 5, 7];
+    expected[1].1 = vec![1];
+    expected[2].1 = vec![3, 6];
+    expected[11].1 = vec![2];
+    assert_eq!(units, expected);
+}

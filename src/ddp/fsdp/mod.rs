@@ -560,21 +560,34 @@ impl FullyShard {
         Ok(FullyShard { driver, events, ledger, layer_units: count > 1, _hooks: hooks })
     }
 
+    /// The units of `fully_shard` applied to each of `layers` layers and
+    /// then to the model: unit 0 is the root (every parameter outside the
+    /// layers), unit k + 1 holds the parameters named `{prefix}.{k}.*`.
+    /// Each unit is its name and the indices of its parameters in `params`.
+    /// Pure, so that a model of the schedule (predict_scaling) cuts the
+    /// model as the library does.
+    pub fn units_per_layer(params: &[Named], prefix: &str, layers: usize) -> Vec<(String, Vec<usize>)> {
+        let mut units: Vec<(String, Vec<usize>)> = vec![("root".into(), vec![])];
+        units.extend((0..layers).map(|k| (format!("{prefix}.{k}"), vec![])));
+        for (i, (name, _)) in params.iter().enumerate() {
+            let layer = name
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|k| k.parse::<usize>().ok());
+            let unit = layer.map_or(0, |k| k + 1);
+            assert!(unit <= layers, "parameter {name} names layer {} of a model of {layers}", unit - 1);
+            units[unit].1.push(i);
+        }
+        units
+    }
+
     /// `fully_shard` on each transformer block, then on the GPT: unit k is
     /// block k-1 (`blocks.{k-1}.*`), the root holds the embeddings, `ln_f`
     /// and `lm_head`.
     pub fn gpt(gpt: &Gpt, vs: &VarStore, pg: Group, options: FsdpOptions) -> Result<FullyShard, DistError> {
         let params = named_parameters(vs);
-        let blocks = gpt.config().n_layer as usize;
-        let mut units: Vec<(String, Vec<usize>)> = vec![("root".into(), vec![])];
-        units.extend((0..blocks).map(|b| (format!("blocks.{b}"), vec![])));
-        for (i, (name, _)) in params.iter().enumerate() {
-            let block = name
-                .strip_prefix("blocks.")
-                .and_then(|rest| rest.split('.').next())
-                .and_then(|b| b.parse::<usize>().ok());
-            units[block.map_or(0, |b| b + 1)].1.push(i);
-        }
+        let units = Self::units_per_layer(&params, "blocks", gpt.config().n_layer as usize);
         Self::new(&params, units, pg, options)
     }
 
@@ -589,16 +602,7 @@ impl FullyShard {
     ) -> Result<FullyShard, DistError> {
         let params = named_parameters(vs);
         let units = if per_layer {
-            let mut units: Vec<(String, Vec<usize>)> = vec![("root".into(), vec![])];
-            units.extend((0..mlp.num_layers()).map(|l| (format!("layers.{l}"), vec![])));
-            for (i, (name, _)) in params.iter().enumerate() {
-                let layer = name
-                    .strip_prefix("layers.")
-                    .and_then(|rest| rest.split('.').next())
-                    .and_then(|l| l.parse::<usize>().ok());
-                units[layer.map_or(0, |l| l + 1)].1.push(i);
-            }
-            units
+            Self::units_per_layer(&params, "layers", mlp.num_layers())
         } else {
             vec![("root".into(), (0..params.len()).collect())]
         };
