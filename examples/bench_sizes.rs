@@ -40,7 +40,7 @@
 //! Run: cargo run --release --features mpi --example bench_sizes -- --table FILE --data FILE
 //!      cargo run --release --features mpi --example bench_sizes -- --rounds 1 --steps 3 --sizes tiny,2m
 //! (3 rounds at the steps of `steps_of`, 17 runs per size per round, each
-//! under a minute: 81 minutes on the 2-core machine of the committed table,
+//! under a minute: 96 minutes on the 2-core machine of the committed table,
 //! at real-time priority (`chrt -r 1`), most of it at 10M and 25M
 //! parameters; the check takes about 12 minutes, `--profile` about 2.)
 

@@ -27,7 +27,7 @@
 //! compute; the bound is the step if all of it did.
 //!
 //! Run: cargo run --release --example predict_scaling -- --table chapters/tables/scaling-on-paper.md
-//! (65 s on the 2-core machine of the committed table, most of it the
+//! (70 s on the 2-core machine of the committed table, most of it the
 //! 25M model's steps.)
 
 use std::fmt::Write;

@@ -27,8 +27,34 @@ pub struct AdamWUpdate {
 impl AdamWUpdate {
     /// Updates `p` in place from its gradient `g` and moments `m`, `v`
     /// (all the same shape), which it updates in place too. Elementwise: a
-    /// slice of a flat group gets the same bits as the whole group.
+    /// slice of a flat group gets the same bits as the whole group. So a
+    /// large tensor is updated a slice at a time: the update's temporaries
+    /// (three of the tensor's size, whole) stay a few MiB however large the
+    /// model, where PyTorch's fused AdamW needs none at all.
     pub fn apply(&self, p: &mut Tensor, g: &Tensor, m: &mut Tensor, v: &mut Tensor) -> Result<(), TchError> {
+        let numel = p.numel() as i64;
+        let all_flat = [&*p, g, &*m, &*v].iter().all(|t| t.is_contiguous() && t.numel() as i64 == numel);
+        if numel <= SLICE_ELEMENTS || !all_flat {
+            return self.apply_whole(p, g, m, v);
+        }
+        let flat = |t: &Tensor| t.f_view([-1]);
+        let (p, g, m, v) = (flat(p)?, flat(g)?, flat(m)?, flat(v)?);
+        for start in (0..numel).step_by(SLICE_ELEMENTS as usize) {
+            let len = SLICE_ELEMENTS.min(numel - start);
+            let slice = |t: &Tensor| t.f_narrow(0, start, len);
+            self.apply_whole(&mut slice(&p)?, &slice(&g)?, &mut slice(&m)?, &mut slice(&v)?)?;
+        }
+        Ok(())
+    }
+
+    /// [`apply`](Self::apply) on the whole tensors at once.
+    fn apply_whole(
+        &self,
+        p: &mut Tensor,
+        g: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+    ) -> Result<(), TchError> {
         // PyTorch's single-tensor AdamW (`_single_tensor_adam` in
         // torch/optim/adam.py, `foreach=False`), operation for operation, so
         // that the same inputs give the same bits. The scalars are computed
@@ -63,6 +89,11 @@ impl AdamWUpdate {
 }
 // ANCHOR_END: update
 
+/// The slice [`AdamWUpdate::apply`] updates at a time: 256 Ki elements (1
+/// MiB of float32), so that a slice's operands and temporaries fit in a
+/// core's cache, with about a hundred slices at 25M parameters.
+const SLICE_ELEMENTS: i64 = 1 << 18;
+
 /// Each parameter's step count in a saved optimizer `state`, `step.<name>`;
 /// `step`, the optimizer's, for a parameter without one (a checkpoint from
 /// before per-parameter counts, when every parameter stepped every step).
@@ -79,4 +110,31 @@ pub fn param_steps(state: &[Named], names: &[String], step: i64) -> Result<Vec<i
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    /// Two and a half slices: the sliced update (with a short last slice)
+    /// must give every element the bits of the whole-tensor update.
+    #[test]
+    fn a_large_tensor_updated_slice_by_slice_gets_the_bits_of_one_update() {
+        let numel = SLICE_ELEMENTS * 5 / 2;
+        let random =
+            |seed: i64| crate::with_seed(seed, || Tensor::randn([numel], (Kind::Float, Device::Cpu)));
+        let (p, g, m, v) = (random(1), random(2), random(3), random(4).abs());
+        let update =
+            AdamWUpdate { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1, step: 3 };
+        let state = || (p.copy(), m.copy(), v.copy());
+        let ((mut p1, mut m1, mut v1), (mut p2, mut m2, mut v2)) = (state(), state());
+        update.apply(&mut p1, &g, &mut m1, &mut v1).unwrap();
+        update.apply_whole(&mut p2, &g, &mut m2, &mut v2).unwrap();
+        assert!(p1.ne_tensor(&p).any().int64_value(&[]) == 1, "the update changed nothing");
+        for (name, sliced, whole) in [("p", &p1, &p2), ("m", &m1, &m2), ("v", &v1, &v2)] {
+            let differ = sliced.ne_tensor(whole).sum(Kind::Int64).int64_value(&[]);
+            assert_eq!(differ, 0, "{name}: {differ} elements differ between the sliced and the whole update");
+        }
+    }
 }
